@@ -1,0 +1,31 @@
+# The two README commands (`make demo`, `make test`) and their helpers. Every target that
+# needs the toolchain first runs the idempotent dependency script.
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+BUILD_TYPE ?= Release
+CTEST_ARGS ?=
+
+.PHONY: all deps configure build test demo bench install clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+demo: build
+	@bash scripts/demo.sh $(BUILD_DIR)
+
+install: build
+	@cmake --install $(BUILD_DIR) --prefix $(or $(PREFIX),/usr/local)
+
+clean:
+	rm -rf $(BUILD_DIR)

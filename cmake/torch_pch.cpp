@@ -1,0 +1,1 @@
+// Anchor of the shared LibTorch precompiled header (see HastenTorchPch.cmake).

@@ -1,0 +1,108 @@
+// hasten's configuration: one resolved, validated view of the run's settings.
+//
+// Sources, lowest to highest precedence: built-in defaults, the config file
+// (Options::config_file, else HASTEN_CONFIG_FILE, else the default file written by
+// `hasten config default`), the environment (HASTEN_CONFIG_JSON set by `hasten launch`, then
+// one HASTEN_<KEY> variable per key), then options given in code. The file accepts
+// Accelerate's config keys (distributed_type, mixed_precision, fsdp_config.*,
+// deepspeed_config.*, ...) and hasten's own (strategy, precision, trackers, ...).
+// docs/config.md lists every key. Unknown keys and bad values throw ConfigError naming the
+// key, the value, what is allowed and, where there is one, a near match.
+#pragma once
+
+#include <hasten/process.hpp>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace hasten {
+
+// Options given in code: the highest-precedence layer. Unset fields leave the lower layers'
+// values; `set` takes any key by its dotted path ("fsdp_config.fsdp_sharding_strategy") with
+// its value written as in YAML ("FULL_SHARD", "4", "[csv, jsonl]").
+struct Options {
+  std::optional<std::string> config_file;
+  std::optional<std::string> mixed_precision;
+  std::optional<int> gradient_accumulation_steps;
+  std::optional<std::string> strategy;
+  std::optional<std::string> precision;
+  std::optional<std::vector<std::string>> trackers;
+  std::optional<std::string> project_dir;
+  std::optional<std::string> logging_dir;
+  std::optional<bool> cpu;
+  std::optional<bool> step_scheduler_with_optimizer;
+  std::optional<bool> split_batches;
+  std::optional<bool> even_batches;
+  std::vector<std::pair<std::string, std::string>> set;
+};
+
+// The resolved configuration.
+struct Config {
+  // Accelerate's keys.
+  std::string distributed_type = "NO";
+  std::string mixed_precision = "no";
+  int num_processes = 1;
+  int num_machines = 1;
+  int machine_rank = 0;
+  std::string main_process_ip = "127.0.0.1";
+  int main_process_port = 29500;
+  int gradient_accumulation_steps = 1;
+  bool use_cpu = false;
+  bool debug = false;
+
+  // Plugins, resolved: a plugin name, a preset name or a path to a plugin library, and the
+  // options handed to its create() as a JSON object.
+  std::string strategy = "single";
+  std::string strategy_options = "{}";
+  std::string precision = "no";
+  std::string precision_options = "{}";
+  std::vector<std::string> trackers;
+  std::string tracker_options = "{}";  // JSON object keyed by tracker name
+  std::string comm = "auto";
+  std::string comm_options = "{}";
+  std::vector<std::string> plugin_path;  // extra plugin directories, searched last
+
+  // Run settings.
+  std::string project_dir = ".";
+  std::string logging_dir;  // "" -> <project_dir>/hasten_logs
+  double timeout_s = 1800.0;
+  std::string log_level = "info";
+  bool step_scheduler_with_optimizer = true;
+  bool split_batches = false;
+  bool even_batches = true;
+  int num_cpu_threads_per_process = 0;  // 0: cores / local processes
+  bool tee = false;
+  std::string log_dir;
+
+  // Provenance.
+  std::string config_file;                    // the file that was read, "" if none
+  std::map<std::string, std::string> origin;  // dotted key -> "file F", "env V", "code"...
+  std::string explicit_json;  // only the keys some source set, as JSON (for the launcher)
+  std::string resolved_json;  // every key with its value, as JSON
+
+  std::string effective_logging_dir() const;
+};
+
+// The default config file: $HASTEN_HOME/default_config.yaml, where HASTEN_HOME defaults to
+// $XDG_CONFIG_HOME/hasten or ~/.config/hasten.
+std::string default_config_path(const Environment& env);
+
+// Resolves the configuration from every source. Throws ConfigError.
+Config resolve_config(const Options& code, const Environment& env);
+inline Config resolve_config(const Options& code = {}) {
+  return resolve_config(code, current_environment());
+}
+
+// Reads and validates one config file on its own (no other sources). Throws ConfigError.
+Config load_config_file(const std::string& path);
+
+// One line per schema key: "key\ttype\tdefault\tallowed\tdescription" (docs and CLI).
+std::vector<std::string> config_key_table();
+
+// The default config file written by `hasten config default` (YAML text).
+std::string default_config_yaml(const std::string& mixed_precision);
+
+}  // namespace hasten

@@ -1,0 +1,94 @@
+// The Accelerator's engine: the non-template half of the public API. Header templates
+// (prepared models, loaders, schedulers) call into it; users do not need it directly.
+#pragma once
+
+#include <hasten/config.hpp>
+#include <hasten/data.hpp>
+#include <hasten/process.hpp>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace hasten::detail {
+
+class Engine {
+ public:
+  explicit Engine(const Options& options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const Config& config() const;
+  const ProcessInfo& process() const;
+  torch::Device device() const;
+  std::string strategy_name() const;
+  std::string precision_name() const;
+
+  // Models.
+  size_t add_model(std::shared_ptr<torch::nn::Module> module);
+  std::optional<size_t> find_model(const torch::nn::Module* module) const;
+  void* autocast_enter();
+  void autocast_exit(void* token) noexcept;
+
+  // Optimizers. `owner` keeps a shared optimizer alive (may be null: the caller owns it).
+  size_t add_optimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<void> owner);
+  torch::optim::Optimizer& optimizer(size_t index);
+  void optimizer_step(size_t index);
+  void optimizer_zero_grad(size_t index);
+  bool optimizer_step_was_skipped(size_t index) const;
+  bool any_optimizer_step_skipped() const;
+
+  // Schedulers.
+  void add_scheduler();
+  bool scheduler_should_step() const;
+
+  // Data loaders.
+  size_t add_loader(int64_t dataset_size, const DataLoaderOptions& options);
+  EpochPlan loader_begin_epoch(size_t loader);
+  void loader_at(size_t loader, int64_t batch, int64_t num_batches, int64_t num_padding);
+  void loader_end(size_t loader) noexcept;
+  int64_t loader_num_batches(size_t loader) const;
+
+  // Gradient accumulation.
+  void begin_accumulate(const std::vector<size_t>& models);
+  void end_accumulate(const std::vector<size_t>& models) noexcept;
+  bool sync_gradients() const;
+  int gradient_accumulation_steps() const;
+
+  void backward(const torch::Tensor& loss, bool retain_graph);
+  double clip_grad_norm(size_t model, double max_norm, double norm_type);
+  double clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm,
+                        double norm_type);
+  void clip_grad_value(size_t model, double clip_value);
+  void unscale_gradients();
+  double loss_scale() const;
+
+  // Collectives on tensors (every rank must call them).
+  torch::Tensor gather(const torch::Tensor& tensor);
+  torch::Tensor gather_for_metrics(const torch::Tensor& tensor);
+  torch::Tensor reduce(const torch::Tensor& tensor, const std::string& op);
+  torch::Tensor broadcast(const torch::Tensor& tensor, int from);
+  std::string broadcast(const std::string& text, int from);
+  torch::Tensor pad_across_processes(const torch::Tensor& tensor, int64_t dim, double pad_value,
+                                     bool pad_first);
+  void wait_for_everyone();
+  void set_trigger();
+  bool check_trigger();
+
+  // Trackers.
+  void init_trackers(const std::string& project, const std::string& hparams_json);
+  void log(const std::vector<std::pair<std::string, double>>& values, int64_t step);
+  void end_training();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hasten::detail

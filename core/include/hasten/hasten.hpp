@@ -1,0 +1,10 @@
+// Everything a training program needs from hasten.
+#pragma once
+
+#include <hasten/accelerator.hpp>
+#include <hasten/config.hpp>
+#include <hasten/data.hpp>
+#include <hasten/error.hpp>
+#include <hasten/logging.hpp>
+#include <hasten/process.hpp>
+#include <hasten/version.hpp>

@@ -1,0 +1,101 @@
+// The plugin registry: finds plugin libraries, loads them once (Boost.DLL), validates what
+// they declare against ABI v1 and selects plugins by kind and name, preset or path.
+//
+// Search order: the plugin directory next to libhasten (build/lib/hasten/plugins in the
+// build tree, <prefix>/lib/hasten/plugins when installed), then each directory of
+// HASTEN_PLUGIN_PATH (':'-separated), then the config's plugin_path. Only files named
+// libhasten-*.so are considered. Libraries stay loaded until the process ends.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+struct hasten_plugin_descriptor;
+
+namespace hasten {
+
+enum class PluginKind { Strategy = 1, Precision = 2, Tracker = 3, Comm = 4 };
+
+const char* to_string(PluginKind kind) noexcept;
+// "strategy" -> Strategy...; throws ConfigError on an unknown name.
+PluginKind plugin_kind_from_string(const std::string& name);
+
+struct PluginPreset {
+  std::string name;
+  std::string description;
+  std::string options_json;
+};
+
+// One plugin a library declared and the registry accepted.
+struct PluginInfo {
+  PluginKind kind;
+  std::string name;
+  std::string version;
+  std::string description;
+  unsigned abi_major = 0;
+  unsigned abi_minor = 0;
+  std::string tier;  // "c" or "torch"
+  std::string torch_fingerprint;
+  std::string file;
+  std::vector<PluginPreset> presets;
+};
+
+// A library or descriptor the registry refused, and why (one line).
+struct PluginRefusal {
+  std::string file;
+  std::string plugin;  // "kind/name" when the refusal concerns one descriptor, else ""
+  std::string reason;
+};
+
+// The result of loading one file on its own (`hasten plugins inspect`).
+struct InspectResult {
+  bool valid = false;
+  std::vector<PluginInfo> plugins;
+  std::vector<PluginRefusal> refusals;
+};
+
+namespace detail {
+struct LoadedPlugin;
+}
+
+// A selected plugin: what to create, with which preset options.
+struct PluginSelection {
+  const detail::LoadedPlugin* plugin = nullptr;
+  const PluginInfo* info = nullptr;
+  std::string preset;               // "" when selected by plugin name
+  std::string preset_options_json;  // "{}" without a preset
+};
+
+class PluginRegistry {
+ public:
+  // The process-wide registry (plugin libraries are process-wide too).
+  static PluginRegistry& instance();
+
+  // Adds directories searched after the built-in ones (config plugin_path). Takes effect
+  // at the next discover().
+  void add_search_directories(const std::vector<std::string>& dirs);
+  std::vector<std::string> search_path() const;
+
+  // Loads every plugin library on the search path once; later calls only pick up newly
+  // added directories.
+  void discover();
+
+  std::vector<PluginInfo> plugins();
+  std::vector<PluginRefusal> refusals();
+
+  // Selects by plugin name or preset name (searching the discovered plugins), or by a
+  // path to a library (contains '/' or ends in ".so"; loaded if needed). Throws PluginError
+  // naming what is available, or why the file was refused.
+  PluginSelection select(PluginKind kind, const std::string& name_or_path);
+
+  // Loads one file on its own, without registering it, and reports what it holds.
+  InspectResult inspect(const std::string& path);
+
+ private:
+  PluginRegistry();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hasten

@@ -1,0 +1,157 @@
+// Data loading: epoch plans (one global order, sharded by rank), batch fetching, collation.
+#include <hasten/data.hpp>
+#include <hasten/error.hpp>
+
+#include <torch/torch.h>
+
+namespace hasten {
+
+torch::Tensor Batch::real_mask() const {
+  const int64_t n = size();
+  auto mask = torch::ones({n}, torch::kBool);
+  if (num_padding > 0) mask.narrow(0, n - num_padding, num_padding).fill_(false);
+  return mask;
+}
+
+Batch Batch::to(const torch::Device& device, bool non_blocking) const {
+  Batch b = *this;
+  if (b.input.defined()) b.input = b.input.to(device, non_blocking);
+  if (b.target.defined()) b.target = b.target.to(device, non_blocking);
+  return b;
+}
+
+TensorDataset::TensorDataset(torch::Tensor inputs, torch::Tensor targets)
+    : inputs_(std::move(inputs)), targets_(std::move(targets)) {
+  if (!inputs_.defined() || inputs_.dim() == 0)
+    throw Error("TensorDataset: inputs must be a tensor with a sample dimension");
+  if (targets_.defined() && targets_.size(0) != inputs_.size(0))
+    throw Error("TensorDataset: inputs have " + std::to_string(inputs_.size(0)) +
+                " samples but targets have " + std::to_string(targets_.size(0)));
+}
+
+Batch TensorDataset::get_batch(const std::vector<int64_t>& indices) const {
+  Batch b;
+  const int64_t n = static_cast<int64_t>(indices.size());
+  bool consecutive = n > 0;
+  for (int64_t i = 1; i < n && consecutive; ++i) consecutive = indices[i] == indices[0] + i;
+  if (consecutive) {  // a view, no copy: what a hand-written loop's narrow() does
+    b.input = inputs_.narrow(0, indices[0], n);
+    if (targets_.defined()) b.target = targets_.narrow(0, indices[0], n);
+  } else {
+    auto idx = torch::tensor(indices, torch::kLong);
+    b.input = inputs_.index_select(0, idx);
+    if (targets_.defined()) b.target = targets_.index_select(0, idx);
+  }
+  b.indices = torch::tensor(indices, torch::kLong);
+  return b;
+}
+
+namespace detail {
+
+Batch collate(std::vector<torch::data::Example<>> examples, const std::vector<int64_t>& indices) {
+  std::vector<torch::Tensor> data, target;
+  data.reserve(examples.size());
+  target.reserve(examples.size());
+  for (auto& e : examples) {
+    data.push_back(e.data);
+    if (e.target.defined()) target.push_back(e.target);
+  }
+  Batch b;
+  b.input = torch::stack(data);
+  if (!target.empty()) {
+    if (target.size() != data.size())
+      throw Error("DataLoader: some examples have a target and some do not");
+    b.target = torch::stack(target);
+  }
+  b.indices = torch::tensor(indices, torch::kLong);
+  return b;
+}
+
+namespace {
+
+struct Shape {
+  int64_t batch = 0;   // per rank
+  int64_t round = 0;   // samples per round, all ranks
+  int64_t batches = 0; // this rank's per epoch
+  bool pad = false;
+};
+
+Shape shape_of(const ShardSpec& spec) {
+  const auto& o = spec.options;
+  if (o.batch_size < 1)
+    throw Error("DataLoader: batch_size must be >= 1, got " + std::to_string(o.batch_size));
+  if (spec.world_size < 1 || spec.rank < 0 || spec.rank >= spec.world_size)
+    throw Error("DataLoader: rank " + std::to_string(spec.rank) + " outside world of " +
+                std::to_string(spec.world_size));
+  Shape s;
+  const int64_t n = spec.dataset_size, w = spec.world_size;
+  if (spec.split_batches) {
+    if (o.batch_size % w != 0)
+      throw Error("DataLoader: split_batches needs a batch_size divisible by the " +
+                  std::to_string(w) + " processes, got " + std::to_string(o.batch_size));
+    s.batch = o.batch_size / w;
+  } else {
+    s.batch = o.batch_size;
+  }
+  s.round = s.batch * w;
+  if (n == 0) return s;
+  if (o.drop_last) {
+    s.batches = n / s.round;
+  } else if (w == 1) {
+    s.batches = (n + s.batch - 1) / s.batch;  // a short last batch, nothing to pad
+  } else if (spec.even_batches) {
+    s.batches = (n + s.round - 1) / s.round;  // the last round is completed by wrapping
+    s.pad = true;
+  } else {
+    // Only real samples: rank r gets the batches that start before the end.
+    const int64_t full = n / s.round, rest = n % s.round;
+    s.batches = full + (rest > spec.rank * s.batch ? 1 : 0);
+  }
+  return s;
+}
+
+}  // namespace
+
+int64_t count_batches(const ShardSpec& spec) { return shape_of(spec).batches; }
+
+EpochPlan make_epoch_plan(const ShardSpec& spec, int64_t epoch) {
+  const Shape s = shape_of(spec);
+  EpochPlan plan;
+  plan.dataset_size = spec.dataset_size;
+  plan.batch_size = s.batch;
+  plan.world_size = spec.world_size;
+  plan.rank = spec.rank;
+  plan.num_batches = s.batches;
+  plan.pad = s.pad;
+  auto order = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(spec.dataset_size));
+  if (spec.options.shuffle) {
+    // The same seed on every rank: one global order per epoch.
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(spec.options.seed + static_cast<uint64_t>(epoch));
+    auto perm = torch::randperm(spec.dataset_size, gen, torch::kLong);
+    std::memcpy(order->data(), perm.data_ptr<int64_t>(), order->size() * sizeof(int64_t));
+  } else {
+    for (int64_t i = 0; i < spec.dataset_size; ++i) (*order)[static_cast<size_t>(i)] = i;
+  }
+  plan.order = std::move(order);
+  return plan;
+}
+
+std::vector<int64_t> EpochPlan::batch(int64_t b, int64_t* num_padding) const {
+  if (b < 0 || b >= num_batches) throw Error("DataLoader: batch index out of range");
+  const int64_t n = dataset_size;
+  const int64_t start = (b * world_size + rank) * batch_size;
+  int64_t stop = start + batch_size;
+  if (!pad) stop = std::min(stop, n);
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(stop - start));
+  int64_t padding = 0;
+  for (int64_t p = start; p < stop; ++p) {
+    if (p >= n) ++padding;
+    out.push_back((*order)[static_cast<size_t>(p % n)]);
+  }
+  if (num_padding != nullptr) *num_padding = padding;
+  return out;
+}
+
+}  // namespace detail
+}  // namespace hasten

@@ -1,0 +1,528 @@
+// The Accelerator's engine: configuration, the plugin instances of the run, the gradient
+// accumulation state machine, the wrappers' step logic, collectives on tensors and trackers.
+#define HASTEN_PLUGIN_TORCH_TIER 1
+#include <hasten/accelerator.hpp>
+#include <hasten/detail/engine.hpp>
+#include <hasten/error.hpp>
+#include <hasten/logging.hpp>
+#include <hasten/plugin.hpp>
+#include <hasten/registry.hpp>
+#include <hasten/torch_compat.hpp>
+
+#include <nlohmann/json.hpp>
+#include <torch/cuda.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "communicator.hpp"
+#include "host_api.hpp"
+#include "precision_instance.hpp"
+#include "strategy_instance.hpp"
+#include "tracker_instance.hpp"
+
+namespace fs = std::filesystem;
+
+namespace hasten::detail {
+
+namespace {
+
+struct ModelEntry {
+  std::shared_ptr<torch::nn::Module> module;
+  bool sync_enabled = true;  // what the strategy was last told
+};
+
+struct OptimizerEntry {
+  torch::optim::Optimizer* optimizer = nullptr;
+  std::shared_ptr<void> owner;
+  bool last_skipped = false;
+};
+
+struct LoaderEntry {
+  ShardSpec spec;
+  int64_t epoch = 0;
+  int64_t num_batches = 0;
+};
+
+struct ActiveLoader {
+  size_t id = 0;
+  int64_t batch = -1;
+  int64_t num_batches = 0;
+  int64_t num_padding = 0;
+};
+
+hasten_reduce_op reduce_op(const std::string& op) {
+  if (op == "sum" || op == "mean") return HASTEN_REDUCE_SUM;
+  if (op == "max") return HASTEN_REDUCE_MAX;
+  if (op == "min") return HASTEN_REDUCE_MIN;
+  throw UsageError("reduce: operation '" + op + "' is not allowed (allowed: sum, mean, max, min)");
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  Config config;
+  ProcessInfo process;
+  torch::Device device{torch::kCPU};
+  DLDevice dl_device{kDLCPU, 0};
+  HostContext host;
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<StrategyInstance> strategy;
+  std::unique_ptr<PrecisionInstance> precision;
+  bool precision_autocast = false;
+  std::vector<std::unique_ptr<TrackerInstance>> trackers;
+  std::vector<ModelEntry> models;
+  std::vector<OptimizerEntry> optimizers;
+  size_t schedulers = 0;
+  std::vector<LoaderEntry> loaders;
+  std::vector<ActiveLoader> active;  // innermost loader last
+
+  // Gradient accumulation state.
+  bool sync = true;
+  int64_t accum_step = 0;
+  int64_t window = 1;  // micro-batches in the current accumulation window
+  int accumulate_depth = 0;
+  bool trigger = false;
+
+  const ActiveLoader* innermost() const { return active.empty() ? nullptr : &active.back(); }
+  bool end_of_dataloader() const {
+    auto* a = innermost();
+    return a != nullptr && a->batch >= 0 && a->batch == a->num_batches - 1;
+  }
+
+  Communicator& communicator() { return *comm; }
+
+  // Tensor-level collectives over the communicator (CPU tensors).
+  void allreduce_(torch::Tensor& t, hasten_reduce_op op) {
+    DLTensor view = sdk::dl_view(t);
+    if (auto work = comm->allreduce(view, op, nullptr)) work->wait(0);
+  }
+};
+
+Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.config = resolve_config(options);
+  set_log_level(s.config.log_level);
+  s.process = detect_process_info(current_environment());
+  if (!s.config.plugin_path.empty())
+    PluginRegistry::instance().add_search_directories(s.config.plugin_path);
+
+  if (!s.config.use_cpu && torch::cuda::is_available()) {
+    const int count = static_cast<int>(torch::cuda::device_count());
+    s.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(s.process.local_rank % count));
+    s.dl_device = {kDLCUDA, s.process.local_rank % count};
+  }
+
+  s.host.process = s.process;
+  s.host.timeout_ms = static_cast<int64_t>(s.config.timeout_s * 1000.0);
+  if (s.process.world_size > 1)
+    throw UsageError("this run has " + std::to_string(s.process.world_size) +
+                     " processes, but this hasten build has no multi-process communicator yet");
+  s.comm = make_local_communicator();
+  s.host.comm = s.comm.get();
+
+  auto& registry = PluginRegistry::instance();
+  s.strategy = std::make_unique<StrategyInstance>(
+      registry.select(PluginKind::Strategy, s.config.strategy), &s.host.api,
+      s.config.strategy_options);
+  s.precision = std::make_unique<PrecisionInstance>(
+      registry.select(PluginKind::Precision, s.config.precision), &s.host.api,
+      s.config.precision_options);
+  s.precision->check_device(s.dl_device);
+  s.precision_autocast = s.precision->has_autocast();
+  get_logger()->debug("accelerator: strategy {}, precision {}, device {}, rank {}/{}",
+                      s.strategy->name(), s.precision->name(), s.device.str(), s.process.rank,
+                      s.process.world_size);
+}
+
+Engine::~Engine() {
+  // Trackers flush in destroy(); plugins go before the communicator they may use.
+  impl_->trackers.clear();
+  impl_->precision.reset();
+  impl_->strategy.reset();
+}
+
+const Config& Engine::config() const { return impl_->config; }
+const ProcessInfo& Engine::process() const { return impl_->process; }
+torch::Device Engine::device() const { return impl_->device; }
+std::string Engine::strategy_name() const { return impl_->strategy->name(); }
+std::string Engine::precision_name() const { return impl_->precision->name(); }
+
+// ---- models -------------------------------------------------------------------------------
+
+size_t Engine::add_model(std::shared_ptr<torch::nn::Module> module) {
+  Impl& s = *impl_;
+  if (!module) throw UsageError("prepare: the model is null");
+  const size_t index = s.models.size();
+  hasten_model_info info{};
+  info.struct_size = sizeof(info);
+  info.abi_version = HASTEN_ABI_VERSION;
+  info.index = static_cast<uint32_t>(index);
+  info.device = s.dl_device;
+  bool train = false;
+  for (auto& p : module->parameters()) train = train || p.requires_grad();
+  info.train = train ? 1 : 0;
+  s.strategy->prepare_model(*module, info);
+  s.models.push_back({std::move(module), true});
+  return index;
+}
+
+std::optional<size_t> Engine::find_model(const torch::nn::Module* module) const {
+  for (size_t i = 0; i < impl_->models.size(); ++i)
+    if (impl_->models[i].module.get() == module) return i;
+  return std::nullopt;
+}
+
+void* Engine::autocast_enter() {
+  if (!impl_->precision_autocast) return nullptr;
+  return impl_->precision->autocast_enter(impl_->dl_device);
+}
+
+void Engine::autocast_exit(void* token) noexcept {
+  if (!impl_->precision_autocast) return;
+  try {
+    impl_->precision->autocast_exit(token);
+  } catch (const std::exception& e) {
+    get_logger()->error("{}", e.what());
+  }
+}
+
+// ---- optimizers and schedulers ------------------------------------------------------------
+
+size_t Engine::add_optimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<void> owner) {
+  Impl& s = *impl_;
+  for (size_t i = 0; i < s.optimizers.size(); ++i)
+    if (s.optimizers[i].optimizer == &optimizer) return i;
+  s.strategy->prepare_optimizer(optimizer);
+  s.optimizers.push_back({&optimizer, std::move(owner), false});
+  return s.optimizers.size() - 1;
+}
+
+torch::optim::Optimizer& Engine::optimizer(size_t index) { return *impl_->optimizers.at(index).optimizer; }
+
+void Engine::optimizer_step(size_t index) {
+  Impl& s = *impl_;
+  if (!s.sync) return;  // an accumulation micro-batch
+  OptimizerEntry& e = s.optimizers.at(index);
+  const bool skip = s.precision->before_step(*e.optimizer);
+  if (!skip) {
+    s.strategy->before_optimizer_step(*e.optimizer);
+    e.optimizer->step();
+    s.strategy->after_optimizer_step(*e.optimizer);
+  }
+  s.precision->after_step(*e.optimizer, skip);
+  e.last_skipped = skip;
+}
+
+void Engine::optimizer_zero_grad(size_t index) {
+  if (!impl_->sync) return;
+  compat::zero_grad_in_place(*impl_->optimizers.at(index).optimizer);
+}
+
+bool Engine::optimizer_step_was_skipped(size_t index) const {
+  return impl_->optimizers.at(index).last_skipped;
+}
+
+bool Engine::any_optimizer_step_skipped() const {
+  for (auto& e : impl_->optimizers)
+    if (e.last_skipped) return true;
+  return false;
+}
+
+void Engine::add_scheduler() { ++impl_->schedulers; }
+
+bool Engine::scheduler_should_step() const {
+  const Impl& s = *impl_;
+  if (!s.config.step_scheduler_with_optimizer) return true;
+  if (!s.sync) return false;
+  return !any_optimizer_step_skipped();
+}
+
+// ---- data loaders -------------------------------------------------------------------------
+
+size_t Engine::add_loader(int64_t dataset_size, const DataLoaderOptions& options) {
+  Impl& s = *impl_;
+  LoaderEntry e;
+  e.spec.dataset_size = dataset_size;
+  e.spec.options = options;
+  e.spec.world_size = s.process.world_size;
+  e.spec.rank = s.process.rank;
+  e.spec.even_batches = s.config.even_batches;
+  e.spec.split_batches = s.config.split_batches;
+  e.num_batches = count_batches(e.spec);  // validates the spec now, at prepare
+  s.loaders.push_back(e);
+  return s.loaders.size() - 1;
+}
+
+EpochPlan Engine::loader_begin_epoch(size_t loader) {
+  Impl& s = *impl_;
+  LoaderEntry& e = s.loaders.at(loader);
+  EpochPlan plan = make_epoch_plan(e.spec, e.epoch++);
+  s.active.push_back({loader, -1, plan.num_batches, 0});
+  return plan;
+}
+
+void Engine::loader_at(size_t loader, int64_t batch, int64_t num_batches, int64_t num_padding) {
+  for (auto it = impl_->active.rbegin(); it != impl_->active.rend(); ++it) {
+    if (it->id != loader) continue;
+    it->batch = batch;
+    it->num_batches = num_batches;
+    it->num_padding = num_padding;
+    return;
+  }
+}
+
+void Engine::loader_end(size_t loader) noexcept {
+  auto& active = impl_->active;
+  for (auto it = active.rbegin(); it != active.rend(); ++it) {
+    if (it->id == loader) {
+      active.erase(std::next(it).base());
+      return;
+    }
+  }
+}
+
+int64_t Engine::loader_num_batches(size_t loader) const { return impl_->loaders.at(loader).num_batches; }
+
+// ---- gradient accumulation ----------------------------------------------------------------
+
+void Engine::begin_accumulate(const std::vector<size_t>& models) {
+  Impl& s = *impl_;
+  const int64_t n = s.config.gradient_accumulation_steps;
+  const ActiveLoader* loader = s.innermost();
+  if (s.end_of_dataloader()) {
+    // The loader's last batch always synchronises and closes the window.
+    if (s.accum_step % n == 0) s.window = 1;
+    s.accum_step = 0;
+    s.sync = true;
+  } else {
+    if (s.accum_step % n == 0) {
+      // A new window: as long as the micro-batches left in the loader allow, so that a short
+      // last window is a mean over the batches it really has.
+      const int64_t left = loader != nullptr && loader->batch >= 0 ? loader->num_batches - loader->batch : n;
+      s.window = std::max<int64_t>(1, std::min(n, left));
+    }
+    ++s.accum_step;
+    s.sync = s.accum_step % n == 0;
+  }
+  ++s.accumulate_depth;
+  for (size_t m : models) {
+    ModelEntry& e = s.models.at(m);
+    if (e.sync_enabled != s.sync) {
+      s.strategy->set_gradient_sync(*e.module, s.sync);
+      e.sync_enabled = s.sync;
+    }
+  }
+}
+
+void Engine::end_accumulate(const std::vector<size_t>& models) noexcept {
+  Impl& s = *impl_;
+  --s.accumulate_depth;
+  for (size_t m : models) {
+    try {
+      ModelEntry& e = s.models.at(m);
+      if (!e.sync_enabled) {
+        s.strategy->set_gradient_sync(*e.module, true);
+        e.sync_enabled = true;
+      }
+    } catch (const std::exception& ex) {
+      get_logger("hasten", false)->error("{}", ex.what());
+    }
+  }
+}
+
+bool Engine::sync_gradients() const { return impl_->sync; }
+int Engine::gradient_accumulation_steps() const { return impl_->config.gradient_accumulation_steps; }
+
+void Engine::backward(const torch::Tensor& loss, bool retain_graph) {
+  Impl& s = *impl_;
+  torch::Tensor l = loss;
+  if (s.accumulate_depth > 0 && s.window > 1) l = l / static_cast<double>(s.window);
+  s.precision->scale_loss(l);
+  s.strategy->before_backward();
+  l.backward({}, retain_graph);
+  s.strategy->after_backward();
+}
+
+double Engine::clip_grad_norm(size_t model, double max_norm, double norm_type) {
+  Impl& s = *impl_;
+  unscale_gradients();
+  ModelEntry& e = s.models.at(model);
+  if (s.strategy->has_clip_grad_norm()) return s.strategy->clip_grad_norm(*e.module, max_norm, norm_type);
+  return torch::nn::utils::clip_grad_norm_(e.module->parameters(), max_norm, norm_type);
+}
+
+double Engine::clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm,
+                              double norm_type) {
+  unscale_gradients();
+  return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+}
+
+void Engine::clip_grad_value(size_t model, double clip_value) {
+  unscale_gradients();
+  torch::nn::utils::clip_grad_value_(impl_->models.at(model).module->parameters(), clip_value);
+}
+
+void Engine::unscale_gradients() {
+  for (auto& e : impl_->optimizers) impl_->precision->unscale_gradients(*e.optimizer);
+}
+
+double Engine::loss_scale() const { return impl_->precision->loss_scale(); }
+
+// ---- collectives on tensors ---------------------------------------------------------------
+
+torch::Tensor Engine::gather(const torch::Tensor& tensor) {
+  Impl& s = *impl_;
+  torch::Tensor in = (tensor.dim() == 0 ? tensor.reshape({1}) : tensor).contiguous();
+  if (s.process.world_size == 1) return in;
+  auto sizes = in.sizes().vec();
+  sizes[0] *= s.process.world_size;
+  torch::Tensor out = torch::empty(sizes, in.options());
+  DLTensor a = sdk::dl_view(in), b = sdk::dl_view(out);
+  if (auto work = s.comm->allgather(a, b, nullptr)) work->wait(0);
+  return out;
+}
+
+torch::Tensor Engine::gather_for_metrics(const torch::Tensor& tensor) {
+  Impl& s = *impl_;
+  torch::Tensor gathered = gather(tensor);
+  const ActiveLoader* loader = s.innermost();
+  if (s.process.world_size == 1 || loader == nullptr || loader->batch < 0) return gathered;
+  // Drop the padding that completed this round: each rank says how many of its trailing
+  // samples pad, and the per-rank chunks are contiguous in rank order.
+  torch::Tensor pads = gather(torch::tensor({loader->num_padding}, torch::kLong));
+  if (pads.sum().item<int64_t>() == 0) return gathered;
+  const int64_t per_rank = tensor.dim() == 0 ? 1 : tensor.size(0);
+  std::vector<torch::Tensor> keep;
+  for (int64_t r = 0; r < s.process.world_size; ++r) {
+    const int64_t real = std::max<int64_t>(0, per_rank - pads[r].item<int64_t>());
+    keep.push_back(gathered.narrow(0, r * per_rank, real));
+  }
+  return torch::cat(keep, 0);
+}
+
+torch::Tensor Engine::reduce(const torch::Tensor& tensor, const std::string& op) {
+  Impl& s = *impl_;
+  const hasten_reduce_op rop = reduce_op(op);
+  torch::Tensor t = tensor.clone().contiguous();
+  if (s.process.world_size == 1) return t;
+  s.allreduce_(t, rop);
+  if (op == "mean") t = t / static_cast<double>(s.process.world_size);
+  return t;
+}
+
+torch::Tensor Engine::broadcast(const torch::Tensor& tensor, int from) {
+  Impl& s = *impl_;
+  if (from < 0 || from >= s.process.world_size)
+    throw UsageError("broadcast: from_process " + std::to_string(from) + " is out of range [0, " +
+                     std::to_string(s.process.world_size) + ")");
+  torch::Tensor t = tensor.clone().contiguous();
+  if (s.process.world_size == 1) return t;
+  DLTensor v = sdk::dl_view(t);
+  if (auto work = s.comm->broadcast(v, from, nullptr)) work->wait(0);
+  return t;
+}
+
+std::string Engine::broadcast(const std::string& text, int from) {
+  if (impl_->process.world_size == 1) {
+    broadcast(torch::zeros({1}), from);  // validates `from`
+    return text;
+  }
+  torch::Tensor len = broadcast(torch::tensor({static_cast<int64_t>(text.size())}), from);
+  const int64_t n = len.item<int64_t>();
+  torch::Tensor bytes = torch::zeros({std::max<int64_t>(n, 1)}, torch::kUInt8);
+  if (impl_->process.rank == from) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  bytes = broadcast(bytes, from);
+  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(n));
+}
+
+torch::Tensor Engine::pad_across_processes(const torch::Tensor& tensor, int64_t dim,
+                                           double pad_value, bool pad_first) {
+  if (tensor.dim() == 0) return tensor;
+  if (dim < 0) dim += tensor.dim();
+  if (dim < 0 || dim >= tensor.dim())
+    throw UsageError("pad_across_processes: dim out of range for a tensor of " +
+                     std::to_string(tensor.dim()) + " dimensions");
+  torch::Tensor size = torch::tensor({tensor.size(dim)}, torch::kLong);
+  const int64_t max_size = gather(size).max().item<int64_t>();
+  if (max_size == tensor.size(dim)) return tensor;
+  auto sizes = tensor.sizes().vec();
+  sizes[dim] = max_size;
+  torch::Tensor out = torch::full(sizes, pad_value, tensor.options());
+  const int64_t offset = pad_first ? max_size - tensor.size(dim) : 0;
+  out.narrow(dim, offset, tensor.size(dim)).copy_(tensor);
+  return out;
+}
+
+void Engine::wait_for_everyone() {
+  if (impl_->process.world_size > 1) impl_->comm->barrier(nullptr);
+}
+
+void Engine::set_trigger() { impl_->trigger = true; }
+
+bool Engine::check_trigger() {
+  torch::Tensor flag = torch::tensor({impl_->trigger ? int64_t{1} : int64_t{0}});
+  const bool raised = reduce(flag, "sum").item<int64_t>() > 0;
+  if (raised) impl_->trigger = false;
+  return raised;
+}
+
+// ---- trackers -----------------------------------------------------------------------------
+
+void Engine::init_trackers(const std::string& project, const std::string& hparams_json) {
+  Impl& s = *impl_;
+  if (!s.process.is_main_process()) return;  // trackers live on the main process
+  if (!s.trackers.empty()) throw UsageError("init_trackers: trackers are already running");
+  const fs::path dir = fs::path(s.config.effective_logging_dir()) / project;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec)
+    throw Error("init_trackers: cannot create logging directory '" + dir.string() + "': " + ec.message());
+  const auto options = nlohmann::json::parse(s.config.tracker_options);
+  for (const auto& name : s.config.trackers) {
+    const std::string opts = options.contains(name) ? options[name].dump() : "{}";
+    auto tracker = std::make_unique<TrackerInstance>(
+        PluginRegistry::instance().select(PluginKind::Tracker, name), &s.host.api, opts);
+    tracker->start(project, dir.string(), hparams_json, s.process.rank);
+    s.trackers.push_back(std::move(tracker));
+  }
+}
+
+void Engine::log(const std::vector<std::pair<std::string, double>>& values, int64_t step) {
+  for (auto& t : impl_->trackers) t->log_scalars(values, step);
+}
+
+void Engine::end_training() {
+  auto trackers = std::move(impl_->trackers);
+  impl_->trackers.clear();
+  for (auto& t : trackers) {
+    t->flush();
+    t->finish(HASTEN_OK);
+  }
+}
+
+}  // namespace hasten::detail
+
+namespace hasten {
+
+void Accelerator::init_trackers(const std::string& project, const Hparams& hparams) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (auto& [key, value] : hparams)
+    std::visit([&, k = key](const auto& v) { j[k] = v; }, value);
+  engine_->init_trackers(project, j.dump());
+}
+
+void set_seed(uint64_t seed, bool device_specific) {
+  uint64_t s = seed;
+  if (device_specific) s += static_cast<uint64_t>(detect_process_info(current_environment()).rank);
+  torch::manual_seed(s);
+  std::srand(static_cast<unsigned>(s));
+}
+
+void Accelerator::set_seed(uint64_t seed, bool device_specific) const {
+  hasten::set_seed(seed + (device_specific ? static_cast<uint64_t>(process_index()) : 0), false);
+}
+
+}  // namespace hasten

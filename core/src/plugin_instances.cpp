@@ -1,0 +1,80 @@
+#include "plugin_instances.hpp"
+
+#include <nlohmann/json.hpp>
+
+
+#include "host_api.hpp"
+
+namespace hasten::detail {
+
+namespace {
+
+using CreateFn = hasten_status (*)(const hasten_host_api*, const char*, hasten_instance**);
+using DestroyFn = void (*)(hasten_instance*);
+
+CreateFn create_slot(const LoadedPlugin& p) {
+  switch (p.info.kind) {
+    case PluginKind::Strategy: return p.vt.strategy.create;
+    case PluginKind::Precision: return p.vt.precision.create;
+    case PluginKind::Tracker: return p.vt.tracker.create;
+    case PluginKind::Comm: return p.vt.comm.create;
+  }
+  return nullptr;
+}
+
+DestroyFn destroy_slot(const LoadedPlugin& p) {
+  switch (p.info.kind) {
+    case PluginKind::Strategy: return p.vt.strategy.destroy;
+    case PluginKind::Precision: return p.vt.precision.destroy;
+    case PluginKind::Tracker: return p.vt.tracker.destroy;
+    case PluginKind::Comm: return p.vt.comm.destroy;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+PluginInstance::PluginInstance(const PluginSelection& selection, const hasten_host_api* host,
+                               const std::string& user_options_json)
+    : plugin_(selection.plugin), preset_(selection.preset) {
+  // Options: the preset's, with the user's on top.
+  nlohmann::json options = nlohmann::json::parse(selection.preset_options_json, nullptr, false);
+  nlohmann::json user = nlohmann::json::parse(user_options_json, nullptr, false);
+  if (options.is_discarded() || !options.is_object()) options = nlohmann::json::object();
+  if (user.is_discarded() || !user.is_object())
+    throw PluginError(label() + ": options are not a JSON object: " + user_options_json);
+  options.merge_patch(user);
+  const std::string text = options.dump();
+  clear_plugin_error();
+  hasten_status status = HASTEN_OK;
+  try {
+    status = create_slot(*plugin_)(host, text.c_str(), &instance_);
+  } catch (const std::exception& e) {
+    throw PluginError(label() + ": create threw an exception across the C ABI: " + e.what());
+  } catch (...) {
+    throw PluginError(label() + ": create threw an exception across the C ABI");
+  }
+  if (status != HASTEN_OK) fail("create", status);
+  if (instance_ == nullptr) throw PluginError(label() + ": create returned no instance");
+}
+
+PluginInstance::~PluginInstance() {
+  if (instance_ == nullptr) return;
+  try {
+    destroy_slot(*plugin_)(instance_);
+  } catch (...) {  // a plugin failure never takes the host down
+  }
+}
+
+std::string PluginInstance::label() const {
+  std::string s = std::string(to_string(plugin_->info.kind)) + " plugin '" + plugin_->info.name + "'";
+  if (!preset_.empty()) s += " (preset '" + preset_ + "')";
+  return s + " (" + plugin_->info.file + ")";
+}
+
+void PluginInstance::fail(const char* op, hasten_status status) const {
+  throw PluginError(label() + ": " + op + " failed (" + status_name(status) +
+                    "): " + take_plugin_error());
+}
+
+}  // namespace hasten::detail

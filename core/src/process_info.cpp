@@ -1,0 +1,107 @@
+// Detection of the process's place in the run from the launcher's environment.
+#include <hasten/error.hpp>
+#include <hasten/process.hpp>
+
+#include <cerrno>
+#include <cstdlib>
+
+extern char** environ;
+
+namespace hasten {
+
+Environment current_environment() {
+  Environment env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string kv = *e;
+    const auto eq = kv.find('=');
+    if (eq != std::string::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return env;
+}
+
+namespace {
+
+struct EnvReader {
+  const Environment& env;
+  bool has(const char* k) const {
+    auto it = env.find(k);
+    return it != env.end() && !it->second.empty();
+  }
+  std::string str(const char* k, const std::string& def = "") const {
+    auto it = env.find(k);
+    return it == env.end() || it->second.empty() ? def : it->second;
+  }
+  int integer(const char* k, int def) const {
+    if (!has(k)) return def;
+    const std::string s = env.at(k);
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(s.c_str(), &end, 10);
+    if (*end != '\0' || errno != 0 || v < 0 || v > 1 << 24)
+      throw ConfigError("environment " + std::string(k) + "='" + s +
+                        "' is not a non-negative integer");
+    return static_cast<int>(v);
+  }
+};
+
+void check(const ProcessInfo& p, const std::string& source) {
+  auto bad = [&](const std::string& what) {
+    throw ConfigError("environment (" + source + "): " + what);
+  };
+  if (p.world_size < 1) bad("world size " + std::to_string(p.world_size) + " must be >= 1");
+  if (p.rank >= p.world_size)
+    bad("rank " + std::to_string(p.rank) + " must be below world size " +
+        std::to_string(p.world_size));
+  if (p.local_world_size < 1 || p.local_world_size > p.world_size)
+    bad("local world size " + std::to_string(p.local_world_size) + " must be 1.." +
+        std::to_string(p.world_size));
+  if (p.local_rank >= p.local_world_size)
+    bad("local rank " + std::to_string(p.local_rank) + " must be below local world size " +
+        std::to_string(p.local_world_size));
+}
+
+}  // namespace
+
+ProcessInfo detect_process_info(const Environment& env) {
+  EnvReader r{env};
+  ProcessInfo p;
+  p.master_addr = r.str("MASTER_ADDR", "127.0.0.1");
+  p.master_port = r.integer("MASTER_PORT", 0);
+  if (r.has("RANK") || r.has("WORLD_SIZE")) {
+    // hasten launch and torchrun: the torchrun contract.
+    if (!r.has("RANK") || !r.has("WORLD_SIZE"))
+      throw ConfigError("environment: RANK and WORLD_SIZE must be set together");
+    p.launcher = r.has("HASTEN_LAUNCHED") ? "hasten" : r.has("TORCHELASTIC_RUN_ID") ? "torchrun" : "env";
+    p.rank = r.integer("RANK", 0);
+    p.world_size = r.integer("WORLD_SIZE", 1);
+    p.local_rank = r.integer("LOCAL_RANK", p.rank);
+    p.local_world_size = r.integer("LOCAL_WORLD_SIZE", p.world_size);
+    p.num_nodes = p.local_world_size > 0 ? p.world_size / p.local_world_size : 1;
+    p.node_rank = r.integer("GROUP_RANK", p.local_world_size > 0 ? p.rank / p.local_world_size : 0);
+    check(p, p.launcher);
+  } else if (r.has("SLURM_PROCID") && r.has("SLURM_NTASKS") &&
+             (r.has("SLURM_STEP_ID") || r.has("SLURM_STEPID"))) {
+    // srun: one task per process. (A bare salloc shell has SLURM_PROCID but no step.)
+    p.launcher = "slurm";
+    p.rank = r.integer("SLURM_PROCID", 0);
+    p.world_size = r.integer("SLURM_NTASKS", 1);
+    p.local_rank = r.integer("SLURM_LOCALID", 0);
+    p.num_nodes = r.integer("SLURM_NNODES", r.integer("SLURM_JOB_NUM_NODES", 1));
+    p.node_rank = r.integer("SLURM_NODEID", 0);
+    p.local_world_size = p.num_nodes > 0 ? p.world_size / p.num_nodes : p.world_size;
+    if (!r.has("MASTER_ADDR")) p.master_addr = r.str("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1");
+    check(p, "SLURM");
+  } else if (r.has("OMPI_COMM_WORLD_RANK") && r.has("OMPI_COMM_WORLD_SIZE")) {
+    p.launcher = "openmpi";
+    p.rank = r.integer("OMPI_COMM_WORLD_RANK", 0);
+    p.world_size = r.integer("OMPI_COMM_WORLD_SIZE", 1);
+    p.local_rank = r.integer("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+    p.local_world_size = r.integer("OMPI_COMM_WORLD_LOCAL_SIZE", p.world_size);
+    p.num_nodes = p.local_world_size > 0 ? p.world_size / p.local_world_size : 1;
+    p.node_rank = p.local_world_size > 0 ? p.rank / p.local_world_size : 0;
+    check(p, "OpenMPI");
+  }
+  return p;
+}
+
+}  // namespace hasten

@@ -1,0 +1,499 @@
+// The plugin registry: discovery, loading (Boost.DLL), validation against ABI v1, selection.
+#define BOOST_DLL_USE_STD_FS 1
+#include <hasten/error.hpp>
+#include <hasten/logging.hpp>
+#include <hasten/registry.hpp>
+
+#include <boost/dll/runtime_symbol_info.hpp>
+#include <boost/dll/shared_library.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "host_api.hpp"
+#include "loaded_plugin.hpp"
+#include "text_util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace hasten {
+
+const char* to_string(PluginKind kind) noexcept {
+  switch (kind) {
+    case PluginKind::Strategy: return "strategy";
+    case PluginKind::Precision: return "precision";
+    case PluginKind::Tracker: return "tracker";
+    case PluginKind::Comm: return "comm";
+  }
+  return "unknown";
+}
+
+PluginKind plugin_kind_from_string(const std::string& name) {
+  if (name == "strategy") return PluginKind::Strategy;
+  if (name == "precision") return PluginKind::Precision;
+  if (name == "tracker") return PluginKind::Tracker;
+  if (name == "comm") return PluginKind::Comm;
+  throw ConfigError("unknown plugin kind '" + name +
+                    "' (allowed: strategy, precision, tracker, comm)");
+}
+
+namespace {
+
+using detail::LoadedPlugin;
+
+// The smallest vtable each kind may declare (ABI 1.0) and the slots it must fill.
+struct KindRules {
+  size_t min_vtable_size;
+  std::vector<std::pair<const char*, size_t>> required;  // slot name, offset
+};
+
+#define HASTEN_SLOT(type, slot) \
+  { #slot, offsetof(type, slot) }
+
+const KindRules& rules_for(PluginKind kind) {
+  static const KindRules strategy{
+      offsetof(hasten_strategy_vtable, clip_grad_norm) + sizeof(void*),
+      {HASTEN_SLOT(hasten_strategy_vtable, create), HASTEN_SLOT(hasten_strategy_vtable, destroy),
+       HASTEN_SLOT(hasten_strategy_vtable, prepare_model)}};
+  static const KindRules precision{
+      offsetof(hasten_precision_vtable, loss_scale) + sizeof(void*),
+      {HASTEN_SLOT(hasten_precision_vtable, create),
+       HASTEN_SLOT(hasten_precision_vtable, destroy)}};
+  static const KindRules tracker{
+      offsetof(hasten_tracker_vtable, finish) + sizeof(void*),
+      {HASTEN_SLOT(hasten_tracker_vtable, create), HASTEN_SLOT(hasten_tracker_vtable, destroy),
+       HASTEN_SLOT(hasten_tracker_vtable, start), HASTEN_SLOT(hasten_tracker_vtable, log_scalars)}};
+  static const KindRules comm{
+      offsetof(hasten_comm_vtable, abort) + sizeof(void*),
+      {HASTEN_SLOT(hasten_comm_vtable, create), HASTEN_SLOT(hasten_comm_vtable, destroy),
+       HASTEN_SLOT(hasten_comm_vtable, init), HASTEN_SLOT(hasten_comm_vtable, supports_device),
+       HASTEN_SLOT(hasten_comm_vtable, allreduce), HASTEN_SLOT(hasten_comm_vtable, allgather),
+       HASTEN_SLOT(hasten_comm_vtable, broadcast), HASTEN_SLOT(hasten_comm_vtable, barrier),
+       HASTEN_SLOT(hasten_comm_vtable, work_wait), HASTEN_SLOT(hasten_comm_vtable, work_free)}};
+  switch (kind) {
+    case PluginKind::Strategy: return strategy;
+    case PluginKind::Precision: return precision;
+    case PluginKind::Tracker: return tracker;
+    case PluginKind::Comm: break;
+  }
+  return comm;
+}
+#undef HASTEN_SLOT
+
+bool valid_kind(int32_t kind) { return kind >= 1 && kind <= 4; }
+
+bool valid_name(const char* name) {
+  if (name == nullptr || *name == '\0' || std::strlen(name) > 64) return false;
+  for (const char* p = name; *p; ++p) {
+    const char c = *p;
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-')) return false;
+  }
+  return true;
+}
+
+std::string str_or_empty(const char* s) { return s != nullptr ? s : ""; }
+
+std::string version_string(uint32_t v) {
+  return std::to_string(HASTEN_ABI_VERSION_MAJOR(v)) + "." +
+         std::to_string(HASTEN_ABI_VERSION_MINOR(v));
+}
+
+// Holds every library ever loaded, forever: descriptors and vtables point into them, and
+// unloading a library whose code may still be referenced is how hosts crash at exit.
+std::deque<boost::dll::shared_library>& library_keeper() {
+  static auto* libs = new std::deque<boost::dll::shared_library>();
+  return *libs;
+}
+
+struct LoadOutcome {
+  std::vector<std::unique_ptr<LoadedPlugin>> plugins;
+  std::vector<PluginRefusal> refusals;
+};
+
+// Validates one descriptor; on success returns the plugin, else adds a refusal.
+std::unique_ptr<LoadedPlugin> validate_descriptor(const hasten_plugin_descriptor* raw,
+                                                  uint32_t index, const std::string& file,
+                                                  std::vector<PluginRefusal>& refusals) {
+  auto refuse = [&](const std::string& plugin, const std::string& reason) {
+    refusals.push_back({file, plugin, reason});
+    return nullptr;
+  };
+  const std::string at = "descriptor " + std::to_string(index);
+  if (raw == nullptr) return refuse("", at + " is NULL");
+  constexpr size_t min_size = offsetof(hasten_plugin_descriptor, vtable) + sizeof(void*);
+  if (raw->struct_size < min_size)
+    return refuse("", at + " declares struct_size " + std::to_string(raw->struct_size) +
+                          ", smaller than ABI 1.0's " + std::to_string(min_size));
+  if (HASTEN_ABI_VERSION_MAJOR(raw->abi_version) != HASTEN_ABI_MAJOR)
+    return refuse("", at + " was built for plugin ABI " + version_string(raw->abi_version) +
+                          "; this hasten speaks ABI " + version_string(HASTEN_ABI_VERSION));
+  hasten_plugin_descriptor d{};
+  std::memcpy(&d, raw, std::min<size_t>(raw->struct_size, sizeof(d)));
+
+  if (!valid_kind(d.kind))
+    return refuse("", at + " has unknown kind " + std::to_string(d.kind) +
+                          " (allowed: 1 strategy, 2 precision, 3 tracker, 4 comm)");
+  const auto kind = static_cast<PluginKind>(d.kind);
+  if (!valid_name(d.name))
+    return refuse(std::string(to_string(kind)) + "/?",
+                  at + " has an invalid name '" + str_or_empty(d.name) +
+                      "' (allowed: 1-64 characters of a-z, 0-9, '_' and '-')");
+  const std::string label = std::string(to_string(kind)) + "/" + d.name;
+
+  const bool torch_kind = kind == PluginKind::Strategy || kind == PluginKind::Precision;
+  const std::string fingerprint = str_or_empty(d.torch_fingerprint);
+  if (torch_kind && fingerprint.empty())
+    return refuse(label, std::string(to_string(kind)) +
+                             " plugins are torch tier and must declare the LibTorch build they "
+                             "were compiled against (torch_fingerprint is NULL)");
+  if (!fingerprint.empty() && fingerprint != detail::host_torch_fingerprint())
+    return refuse(label, "built against LibTorch '" + fingerprint +
+                             "', but this hasten was built against '" +
+                             detail::host_torch_fingerprint() + "'; rebuild the plugin");
+
+  if (d.vtable == nullptr) return refuse(label, "vtable is NULL");
+  const auto* header = static_cast<const uint32_t*>(d.vtable);  // {struct_size, abi_version}
+  const KindRules& rules = rules_for(kind);
+  if (header[0] < rules.min_vtable_size)
+    return refuse(label, std::string(to_string(kind)) + " vtable declares struct_size " +
+                             std::to_string(header[0]) + ", smaller than ABI 1.0's " +
+                             std::to_string(rules.min_vtable_size));
+  if (HASTEN_ABI_VERSION_MAJOR(header[1]) != HASTEN_ABI_MAJOR)
+    return refuse(label, "vtable was built for plugin ABI " + version_string(header[1]) +
+                             "; this hasten speaks ABI " + version_string(HASTEN_ABI_VERSION));
+
+  auto plugin = std::make_unique<LoadedPlugin>();
+  std::memcpy(&plugin->vt, d.vtable, std::min<size_t>(header[0], sizeof(plugin->vt)));
+  // The copy may be larger than the kind's struct (union); clear what is past it.
+  size_t kind_size = 0;
+  switch (kind) {
+    case PluginKind::Strategy: kind_size = sizeof(hasten_strategy_vtable); break;
+    case PluginKind::Precision: kind_size = sizeof(hasten_precision_vtable); break;
+    case PluginKind::Tracker: kind_size = sizeof(hasten_tracker_vtable); break;
+    case PluginKind::Comm: kind_size = sizeof(hasten_comm_vtable); break;
+  }
+  const size_t copied = std::min<size_t>(header[0], kind_size);
+  std::memset(reinterpret_cast<char*>(&plugin->vt) + copied, 0, sizeof(plugin->vt) - copied);
+  for (const auto& [slot, offset] : rules.required) {
+    void* fn = nullptr;
+    std::memcpy(&fn, reinterpret_cast<const char*>(&plugin->vt) + offset, sizeof(fn));
+    if (fn == nullptr) return refuse(label, std::string("required slot '") + slot + "' is NULL");
+  }
+
+  PluginInfo& info = plugin->info;
+  info.kind = kind;
+  info.name = d.name;
+  info.version = str_or_empty(d.version);
+  info.description = str_or_empty(d.description);
+  info.abi_major = HASTEN_ABI_VERSION_MAJOR(d.abi_version);
+  info.abi_minor = HASTEN_ABI_VERSION_MINOR(d.abi_version);
+  info.tier = fingerprint.empty() ? "c" : "torch";
+  info.torch_fingerprint = fingerprint;
+  info.file = file;
+  if (d.n_presets > 0 && d.presets == nullptr)
+    return refuse(label, "declares " + std::to_string(d.n_presets) + " presets but presets is NULL");
+  for (uint32_t i = 0; i < d.n_presets; ++i) {
+    const hasten_preset& p = d.presets[i];
+    if (p.struct_size < offsetof(hasten_preset, options_json) + sizeof(void*))
+      return refuse(label, "preset " + std::to_string(i) + " has a too small struct_size");
+    if (!valid_name(p.name))
+      return refuse(label, "preset " + std::to_string(i) + " has an invalid name '" +
+                               str_or_empty(p.name) + "'");
+    const std::string options = p.options_json ? p.options_json : "{}";
+    auto parsed = nlohmann::json::parse(options, nullptr, false);
+    if (parsed.is_discarded() || !parsed.is_object())
+      return refuse(label, "preset '" + std::string(p.name) +
+                               "' options_json is not a JSON object: " + options);
+    info.presets.push_back({p.name, str_or_empty(p.description), options});
+  }
+  return plugin;
+}
+
+// Loads a library and validates everything it declares. Never throws.
+LoadOutcome load_library(const std::string& file) {
+  LoadOutcome out;
+  auto refuse = [&](const std::string& reason) {
+    out.refusals.push_back({file, "", reason});
+    return std::move(out);
+  };
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return refuse("no such file");
+  if (!fs::is_regular_file(file, ec)) return refuse("not a regular file");
+
+  boost::dll::shared_library lib;
+  try {
+    lib.load(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+  } catch (const std::exception& e) {
+    return refuse(std::string("not a loadable library: ") + e.what());
+  }
+  if (!lib.has(HASTEN_PLUGIN_ENTRY_V1_SYMBOL)) {
+    for (int major = 9; major >= 2; --major) {
+      if (lib.has("hasten_plugin_entry_v" + std::to_string(major))) {
+        library_keeper().push_back(std::move(lib));
+        return refuse("built for plugin ABI major " + std::to_string(major) +
+                      " only (it exports hasten_plugin_entry_v" + std::to_string(major) +
+                      "); this hasten speaks ABI major " + std::to_string(HASTEN_ABI_MAJOR));
+      }
+    }
+    library_keeper().push_back(std::move(lib));
+    return refuse(std::string("missing entry symbol ") + HASTEN_PLUGIN_ENTRY_V1_SYMBOL +
+                  " (not a hasten plugin)");
+  }
+  auto entry = lib.get<std::remove_pointer_t<hasten_plugin_entry_v1_fn>>(
+      HASTEN_PLUGIN_ENTRY_V1_SYMBOL);
+  library_keeper().push_back(lib);
+
+  const hasten_plugin_descriptor* const* list = nullptr;
+  uint32_t count = 0;
+  detail::clear_plugin_error();
+  hasten_status status = HASTEN_ERR_INTERNAL;
+  try {
+    status = entry(detail::registry_host(), HASTEN_ABI_VERSION, &list, &count);
+  } catch (const std::exception& e) {
+    return refuse(std::string("entry point threw an exception: ") + e.what());
+  } catch (...) {
+    return refuse("entry point threw an exception");
+  }
+  if (status != HASTEN_OK)
+    return refuse(std::string("entry point failed (") + detail::status_name(status) +
+                  "): " + detail::take_plugin_error());
+  if (count == 0) return refuse("entry point declared no plugins");
+  if (list == nullptr) return refuse("entry point returned a NULL descriptor list");
+  if (count > 1024) return refuse("entry point declared " + std::to_string(count) + " plugins");
+
+  std::set<std::pair<PluginKind, std::string>> seen;
+  for (uint32_t i = 0; i < count; ++i) {
+    auto plugin = validate_descriptor(list[i], i, file, out.refusals);
+    if (!plugin) continue;
+    const auto key = std::make_pair(plugin->info.kind, plugin->info.name);
+    if (!seen.insert(key).second) {
+      out.refusals.push_back({file, std::string(to_string(key.first)) + "/" + key.second,
+                              "duplicate name: the library declares it twice"});
+      continue;
+    }
+    out.plugins.push_back(std::move(plugin));
+  }
+  return out;
+}
+
+std::string canonical_or_same(const std::string& path) {
+  std::error_code ec;
+  auto c = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  return ec ? path : c.string();
+}
+
+std::vector<std::string> split_path_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(':', start);
+    if (end == std::string::npos) end = s.size();
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+struct PluginRegistry::Impl {
+  std::mutex mutex;
+  std::vector<std::string> extra_dirs;
+  std::set<std::string> scanned_dirs;
+  std::set<std::string> loaded_files;
+  std::deque<std::unique_ptr<LoadedPlugin>> plugins;       // discovered, unique names
+  std::deque<std::unique_ptr<LoadedPlugin>> path_plugins;  // selected by path
+  std::map<std::string, std::vector<PluginRefusal>> path_refusals;
+  std::vector<PluginRefusal> refusals;
+
+  std::vector<std::string> search_path_locked() const {
+    std::vector<std::string> dirs;
+    try {
+      // The plugin folder next to the library holding this code: build/lib/hasten/plugins in
+      // the build tree, <prefix>/lib/hasten/plugins when installed.
+      dirs.push_back((boost::dll::this_line_location().parent_path() / "hasten" / "plugins")
+                         .lexically_normal()
+                         .string());
+    } catch (const std::exception&) {
+    }
+    if (const char* env = std::getenv("HASTEN_PLUGIN_PATH"))
+      for (auto& d : split_path_list(env)) dirs.push_back(d);
+    for (auto& d : extra_dirs) dirs.push_back(d);
+    return dirs;
+  }
+
+  void register_outcome(LoadOutcome outcome) {
+    for (auto& r : outcome.refusals) refusals.push_back(r);
+    for (auto& p : outcome.plugins) {
+      const LoadedPlugin* clash = find_locked(p->info.kind, p->info.name, true);
+      if (clash != nullptr) {
+        refusals.push_back({p->info.file, std::string(to_string(p->info.kind)) + "/" + p->info.name,
+                            "duplicate " + std::string(to_string(p->info.kind)) + " name '" +
+                                p->info.name + "': already provided by " + clash->info.file});
+        continue;
+      }
+      plugins.push_back(std::move(p));
+    }
+  }
+
+  // A plugin whose name (or, with presets, preset name) is `name`.
+  const LoadedPlugin* find_locked(PluginKind kind, const std::string& name, bool presets) const {
+    for (auto& p : plugins) {
+      if (p->info.kind != kind) continue;
+      if (p->info.name == name) return p.get();
+      if (presets)
+        for (auto& pr : p->info.presets)
+          if (pr.name == name) return p.get();
+    }
+    return nullptr;
+  }
+
+  void discover_locked() {
+    for (const auto& dir : search_path_locked()) {
+      const std::string key = canonical_or_same(dir);
+      if (!scanned_dirs.insert(key).second) continue;
+      std::error_code ec;
+      if (!fs::is_directory(dir, ec)) continue;
+      std::vector<std::string> files;
+      for (auto& entry : fs::directory_iterator(dir, ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind("libhasten-", 0) == 0 && name.size() > 3 &&
+            name.compare(name.size() - 3, 3, ".so") == 0)
+          files.push_back(entry.path().string());
+      }
+      std::sort(files.begin(), files.end());
+      for (auto& f : files) {
+        const std::string canon = canonical_or_same(f);
+        if (!loaded_files.insert(canon).second) continue;
+        register_outcome(load_library(canon));
+      }
+    }
+  }
+};
+
+PluginRegistry::PluginRegistry() : impl_(std::make_unique<Impl>()) {}
+
+PluginRegistry& PluginRegistry::instance() {
+  static PluginRegistry* registry = new PluginRegistry();  // never destroyed (see keeper)
+  return *registry;
+}
+
+void PluginRegistry::add_search_directories(const std::vector<std::string>& dirs) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  for (auto& d : dirs)
+    if (std::find(impl_->extra_dirs.begin(), impl_->extra_dirs.end(), d) == impl_->extra_dirs.end())
+      impl_->extra_dirs.push_back(d);
+}
+
+std::vector<std::string> PluginRegistry::search_path() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->search_path_locked();
+}
+
+void PluginRegistry::discover() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->discover_locked();
+}
+
+std::vector<PluginInfo> PluginRegistry::plugins() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->discover_locked();
+  std::vector<PluginInfo> out;
+  for (auto& p : impl_->plugins) out.push_back(p->info);
+  std::sort(out.begin(), out.end(), [](const PluginInfo& a, const PluginInfo& b) {
+    return std::make_pair(static_cast<int>(a.kind), a.name) <
+           std::make_pair(static_cast<int>(b.kind), b.name);
+  });
+  return out;
+}
+
+std::vector<PluginRefusal> PluginRegistry::refusals() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->discover_locked();
+  return impl_->refusals;
+}
+
+PluginSelection PluginRegistry::select(PluginKind kind, const std::string& name_or_path) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const std::string kind_name = to_string(kind);
+  const bool is_path = name_or_path.find('/') != std::string::npos ||
+                       (name_or_path.size() > 3 &&
+                        name_or_path.compare(name_or_path.size() - 3, 3, ".so") == 0);
+  if (is_path) {
+    const std::string file = canonical_or_same(name_or_path);
+    std::vector<const LoadedPlugin*> matches;
+    auto collect = [&] {
+      matches.clear();
+      for (auto& p : impl_->path_plugins)
+        if (p->info.file == file && p->info.kind == kind) matches.push_back(p.get());
+    };
+    collect();
+    if (matches.empty() && impl_->path_refusals.count(file) == 0) {
+      LoadOutcome outcome = load_library(file);
+      impl_->path_refusals[file] = outcome.refusals;
+      for (auto& p : outcome.plugins) impl_->path_plugins.push_back(std::move(p));
+      collect();
+    }
+    if (matches.empty()) {
+      const auto& refused = impl_->path_refusals[file];
+      std::string why = refused.empty() ? "it declares no " + kind_name + " plugin"
+                                        : refused.front().reason;
+      throw PluginError(kind_name + " plugin file '" + name_or_path + "' was refused: " + why);
+    }
+    if (matches.size() > 1) {
+      std::vector<std::string> names;
+      for (auto* m : matches) names.push_back(m->info.name);
+      throw PluginError(kind_name + " plugin file '" + name_or_path + "' declares several " +
+                        kind_name + " plugins (" + detail::join(names, ", ") +
+                        "); select one by name and add its directory to plugin_path");
+    }
+    return {matches[0], &matches[0]->info, "", "{}"};
+  }
+
+  impl_->discover_locked();
+  if (const LoadedPlugin* p = impl_->find_locked(kind, name_or_path, false))
+    return {p, &p->info, "", "{}"};
+  if (const LoadedPlugin* p = impl_->find_locked(kind, name_or_path, true))
+    for (auto& pr : p->info.presets)
+      if (pr.name == name_or_path) return {p, &p->info, pr.name, pr.options_json};
+
+  std::vector<std::string> names;
+  for (auto& p : impl_->plugins) {
+    if (p->info.kind != kind) continue;
+    names.push_back(p->info.name);
+    for (auto& pr : p->info.presets) names.push_back(pr.name);
+  }
+  std::sort(names.begin(), names.end());
+  std::string message = "unknown " + kind_name + " plugin '" + name_or_path + "'";
+  // A library named after it that was refused says more than "unknown".
+  for (auto& r : impl_->refusals) {
+    const std::string stem = "libhasten-" + kind_name + "-" + name_or_path + ".so";
+    if (fs::path(r.file).filename() == stem || r.plugin == kind_name + "/" + name_or_path) {
+      message += ": " + r.file + " was refused: " + r.reason;
+      throw PluginError(message);
+    }
+  }
+  message += " (available: " + (names.empty() ? std::string("none") : detail::join(names, ", ")) + ")";
+  const std::string near = detail::nearest(name_or_path, names);
+  if (!near.empty()) message += "; did you mean '" + near + "'?";
+  throw PluginError(message);
+}
+
+InspectResult PluginRegistry::inspect(const std::string& path) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  InspectResult result;
+  LoadOutcome outcome = load_library(canonical_or_same(path));
+  for (auto& p : outcome.plugins) result.plugins.push_back(p->info);
+  result.refusals = std::move(outcome.refusals);
+  result.valid = !result.plugins.empty() && result.refusals.empty();
+  return result;
+}
+
+}  // namespace hasten

@@ -1,0 +1,56 @@
+// The host's view of a strategy plugin instance (torch tier).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include "plugin_instances.hpp"
+
+namespace hasten::detail {
+
+class StrategyInstance : public PluginInstance {
+ public:
+  using PluginInstance::PluginInstance;
+
+  void prepare_model(torch::nn::Module& model, const hasten_model_info& info) {
+    call("prepare_model", [&] { return vt().strategy.prepare_model(instance_, h(model), &info); });
+  }
+  void prepare_optimizer(torch::optim::Optimizer& optimizer) {
+    if (auto fn = vt().strategy.prepare_optimizer)
+      call("prepare_optimizer", [&] { return fn(instance_, h(optimizer)); });
+  }
+  void set_gradient_sync(torch::nn::Module& model, bool enabled) {
+    if (auto fn = vt().strategy.set_gradient_sync)
+      call("set_gradient_sync", [&] { return fn(instance_, h(model), enabled ? 1 : 0); });
+  }
+  void before_backward() {
+    if (auto fn = vt().strategy.before_backward) call("before_backward", [&] { return fn(instance_); });
+  }
+  void after_backward() {
+    if (auto fn = vt().strategy.after_backward) call("after_backward", [&] { return fn(instance_); });
+  }
+  void before_optimizer_step(torch::optim::Optimizer& optimizer) {
+    if (auto fn = vt().strategy.before_optimizer_step)
+      call("before_optimizer_step", [&] { return fn(instance_, h(optimizer)); });
+  }
+  void after_optimizer_step(torch::optim::Optimizer& optimizer) {
+    if (auto fn = vt().strategy.after_optimizer_step)
+      call("after_optimizer_step", [&] { return fn(instance_, h(optimizer)); });
+  }
+  bool has_clip_grad_norm() const { return vt().strategy.clip_grad_norm != nullptr; }
+  double clip_grad_norm(torch::nn::Module& model, double max_norm, double norm_type) {
+    double total = 0;
+    call("clip_grad_norm", [&] {
+      return vt().strategy.clip_grad_norm(instance_, h(model), max_norm, norm_type, &total);
+    });
+    return total;
+  }
+
+ private:
+  static hasten_module* h(torch::nn::Module& m) { return reinterpret_cast<hasten_module*>(&m); }
+  static hasten_optimizer* h(torch::optim::Optimizer& o) {
+    return reinterpret_cast<hasten_optimizer*>(&o);
+  }
+};
+
+}  // namespace hasten::detail

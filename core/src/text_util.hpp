@@ -1,0 +1,18 @@
+// Small string helpers for messages: joining lists and suggesting a near match.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace hasten::detail {
+
+std::string join(const std::vector<std::string>& items, const std::string& sep);
+
+// The candidate closest to `word` by edit distance, if it is close enough to be a plausible
+// typo (distance <= max(1, len/3)); "" otherwise.
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
+
+std::string to_lower(std::string s);
+std::string trim(const std::string& s);
+
+}  // namespace hasten::detail

@@ -1,0 +1,30 @@
+// Precision "bf16": forward under autocast to bfloat16 (LibTorch's CPU autocast, or CUDA's);
+// weights, gradients and optimizer state stay float32 and no loss scaling is needed.
+#include <hasten/plugin.hpp>
+
+#include "autocast.hpp"
+#include "descriptors.hpp"
+
+namespace hasten::precision {
+namespace {
+
+class Bf16Precision final : public sdk::Precision {
+ public:
+  Bf16Precision(const hasten_host_api* host, std::string_view options) : Precision(host) {
+    if (options != "{}" && options != "null")
+      throw sdk::Error(HASTEN_ERR_INVALID_ARGUMENT,
+                       "precision 'bf16' takes no options, got " + std::string(options));
+  }
+  void* autocast_enter(const DLDevice& device) override {
+    AutocastStack::enter(device, at::kBFloat16);
+    return nullptr;
+  }
+  void autocast_exit(void*) override { AutocastStack::exit(); }
+};
+
+}  // namespace
+
+const hasten_plugin_descriptor kBf16Descriptor = sdk::precision_descriptor<Bf16Precision>(
+    "bf16", "1.0", "autocast to bfloat16, float32 weights and optimizer");
+
+}  // namespace hasten::precision

@@ -1,0 +1,24 @@
+// Precision "no": float32 throughout. It fills no optional slot, so the host never calls it
+// during training.
+#include <hasten/plugin.hpp>
+
+#include "descriptors.hpp"
+
+namespace hasten::precision {
+namespace {
+
+class NoPrecision final : public sdk::Precision {
+ public:
+  NoPrecision(const hasten_host_api* host, std::string_view options) : Precision(host) {
+    if (options != "{}" && options != "null")
+      throw sdk::Error(HASTEN_ERR_INVALID_ARGUMENT,
+                       "precision 'no' takes no options, got " + std::string(options));
+  }
+};
+
+}  // namespace
+
+const hasten_plugin_descriptor kNoDescriptor =
+    sdk::precision_descriptor<NoPrecision>("no", "1.0", "float32 everywhere");
+
+}  // namespace hasten::precision

@@ -1,0 +1,27 @@
+// Strategy "single": one process, one device. The model moves to the run's device; nothing
+// is wrapped, synchronised or sharded, so every other slot stays NULL and costs nothing.
+#include <hasten/plugin.hpp>
+
+namespace {
+
+class SingleStrategy final : public hasten::sdk::Strategy {
+ public:
+  SingleStrategy(const hasten_host_api* host, std::string_view options) : Strategy(host) {
+    if (options != "{}" && options != "null")
+      throw hasten::sdk::Error(HASTEN_ERR_INVALID_ARGUMENT,
+                               "strategy 'single' takes no options, got " + std::string(options));
+  }
+  void prepare_model(torch::nn::Module& model, const hasten_model_info& info) override {
+    const torch::Device device = info.device.device_type == kDLCUDA
+                                     ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(info.device.device_id))
+                                     : torch::Device(torch::kCPU);
+    model.to(device);
+  }
+};
+
+constexpr hasten_plugin_descriptor kSingle = hasten::sdk::strategy_descriptor<SingleStrategy>(
+    "single", "1.0", "One process on one device: no gradient communication");
+
+}  // namespace
+
+HASTEN_PLUGIN_LIBRARY(&kSingle)

@@ -1,0 +1,574 @@
+// C++ helpers for writing hasten plugins: base classes per kind, the export macro, guards
+// that turn exceptions into status codes, and (torch tier) handle conversions.
+//
+// Header-only; nothing here is ABI: every type lives in an inline versioned namespace and
+// only the C structs of plugin.h cross the boundary. C-tier authors include this header as
+// is; torch-tier authors compile with HASTEN_PLUGIN_TORCH_TIER defined (hasten_add_plugin(...
+// TORCH) does it), which adds the LibTorch parts.
+//
+//   struct MyTracker : hasten::sdk::Tracker {
+//     MyTracker(const hasten_host_api* host, std::string_view options) : Tracker(host) {}
+//     void start(const hasten_tracker_run& run) override { ... }
+//     void log_scalars(const hasten_scalar* v, uint32_t n, int64_t step) override { ... }
+//   };
+//   HASTEN_PLUGIN_LIBRARY(hasten::sdk::tracker_descriptor<MyTracker>("mytracker", "1.0", "..."))
+#ifndef HASTEN_PLUGIN_HPP
+#define HASTEN_PLUGIN_HPP
+
+#include <hasten/plugin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#ifdef HASTEN_PLUGIN_TORCH_TIER
+#include <torch/torch.h>
+#include <torch/version.h>
+#endif
+
+namespace hasten::sdk {
+inline namespace v1 {
+
+// An error with the status it maps to. Throw it from plugin code; the guards turn it into
+// its status and message. Any other std::exception becomes HASTEN_ERR_INTERNAL.
+class Error : public std::runtime_error {
+ public:
+  Error(hasten_status status, const std::string& message)
+      : std::runtime_error(message), status_(status) {}
+  hasten_status status() const noexcept { return status_; }
+
+ private:
+  hasten_status status_;
+};
+
+// Runs fn; converts any exception into a status and reports its message through the host.
+template <class Fn>
+hasten_status guard(const hasten_host_api* host, Fn&& fn) noexcept {
+  auto report = [host](const char* message) {
+    if (host != nullptr && host->set_error != nullptr) host->set_error(host, message);
+  };
+  try {
+    if constexpr (std::is_same_v<decltype(fn()), hasten_status>) {
+      return fn();
+    } else {
+      fn();
+      return HASTEN_OK;
+    }
+  } catch (const Error& e) {
+    report(e.what());
+    return e.status();
+  } catch (const std::bad_alloc&) {
+    report("out of memory");
+    return HASTEN_ERR_SYSTEM;
+  } catch (const std::exception& e) {
+    report(e.what());
+    return HASTEN_ERR_INTERNAL;
+  } catch (...) {
+    report("unknown exception");
+    return HASTEN_ERR_INTERNAL;
+  }
+}
+
+// Logging into the host's log.
+inline void log(const hasten_host_api* host, hasten_log_level level, const char* plugin,
+                const std::string& message) noexcept {
+  if (host != nullptr && host->log != nullptr) host->log(host, level, plugin, message.c_str());
+}
+
+// The host's process information.
+inline hasten_process_info process_info(const hasten_host_api* host) {
+  hasten_process_info info{};
+  info.struct_size = sizeof(info);
+  info.abi_version = HASTEN_ABI_VERSION;
+  info.world_size = 1;
+  info.local_world_size = 1;
+  info.num_nodes = 1;
+  if (host != nullptr && host->process_info != nullptr) host->process_info(host, &info);
+  return info;
+}
+
+// Common base of every plugin instance: holds the host table (static, never owned).
+class PluginBase {
+ public:
+  explicit PluginBase(const hasten_host_api* host) : host_(host) {}
+  virtual ~PluginBase() = default;
+  PluginBase(const PluginBase&) = delete;
+  PluginBase& operator=(const PluginBase&) = delete;
+  const hasten_host_api* host() const noexcept { return host_; }
+
+ private:
+  const hasten_host_api* host_;
+};
+
+namespace detail {
+
+template <class Base>
+inline Base* self(hasten_instance* inst) noexcept {
+  return reinterpret_cast<Base*>(inst);
+}
+
+// create() for any kind: constructs T(host, options_json) behind the guard.
+template <class T, class Base>
+hasten_status create(const hasten_host_api* host, const char* options_json,
+                     hasten_instance** out) noexcept {
+  return guard(host, [&] {
+    if (out == nullptr) throw Error(HASTEN_ERR_INVALID_ARGUMENT, "create: out is NULL");
+    std::string_view options = options_json != nullptr ? options_json : "{}";
+    Base* object = new T(host, options);
+    *out = reinterpret_cast<hasten_instance*>(object);
+  });
+}
+
+template <class Base>
+void destroy(hasten_instance* inst) noexcept {
+  try {
+    delete self<Base>(inst);
+  } catch (...) {  // a destructor that throws must not take the host down
+  }
+}
+
+// Calls a member behind the guard, reporting through the instance's host.
+template <class Base, class Fn>
+hasten_status call(hasten_instance* inst, Fn&& fn) noexcept {
+  Base* object = self<Base>(inst);
+  return guard(object != nullptr ? object->host() : nullptr, [&] { fn(*object); });
+}
+
+}  // namespace detail
+
+// Fills a descriptor; kind-specific helpers below supply the vtable.
+constexpr hasten_plugin_descriptor make_descriptor(hasten_plugin_kind kind, const char* name,
+                                                   const char* version,
+                                                   const char* description,
+                                                   const void* vtable,
+                                                   const char* torch_fingerprint = nullptr,
+                                                   const hasten_preset* presets = nullptr,
+                                                   uint32_t n_presets = 0) {
+  return hasten_plugin_descriptor{HASTEN_STRUCT_INIT(hasten_plugin_descriptor),
+                                  kind,
+                                  name,
+                                  version,
+                                  description,
+                                  torch_fingerprint,
+                                  presets,
+                                  n_presets,
+                                  vtable};
+}
+
+constexpr hasten_preset make_preset(const char* name, const char* description,
+                                    const char* options_json) {
+  return hasten_preset{HASTEN_STRUCT_INIT(hasten_preset), name, description, options_json};
+}
+
+// True when Derived declares its own Method (rather than inheriting Base's): such slots are
+// filled, the others stay NULL so the host skips the crossing entirely.
+#define HASTEN_SDK_OVERRIDES(Derived, Base, method) \
+  (!std::is_same_v<decltype(&Derived::method), decltype(&Base::method)>)
+
+// ------------------------------------------------------------------------------------------
+// Tracker (C tier)
+// ------------------------------------------------------------------------------------------
+class Tracker : public PluginBase {
+ public:
+  using PluginBase::PluginBase;
+  virtual void start(const hasten_tracker_run& run) = 0;
+  virtual void log_scalars(const hasten_scalar* values, uint32_t n, int64_t step) = 0;
+  virtual void log_text(const char* name, const char* text, int64_t step) {
+    (void)name, (void)text, (void)step;
+  }
+  virtual void flush() {}
+  virtual void finish(hasten_status status) { (void)status; }
+};
+
+template <class T>
+constexpr hasten_tracker_vtable make_tracker_vtable() {
+  static_assert(std::is_base_of_v<Tracker, T>, "T must derive from hasten::sdk::Tracker");
+  hasten_tracker_vtable vt{};
+  vt.struct_size = sizeof(vt);
+  vt.abi_version = HASTEN_ABI_VERSION;
+  vt.create = &detail::create<T, Tracker>;
+  vt.destroy = &detail::destroy<Tracker>;
+  vt.start = [](hasten_instance* i, const hasten_tracker_run* run) noexcept {
+    return detail::call<Tracker>(i, [&](Tracker& t) { t.start(*run); });
+  };
+  vt.log_scalars = [](hasten_instance* i, const hasten_scalar* v, uint32_t n,
+                      int64_t step) noexcept {
+    return detail::call<Tracker>(i, [&](Tracker& t) { t.log_scalars(v, n, step); });
+  };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Tracker, log_text))
+    vt.log_text = [](hasten_instance* i, const char* name, const char* text,
+                     int64_t step) noexcept {
+      return detail::call<Tracker>(i, [&](Tracker& t) { t.log_text(name, text, step); });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Tracker, flush))
+    vt.flush = [](hasten_instance* i) noexcept {
+      return detail::call<Tracker>(i, [&](Tracker& t) { t.flush(); });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Tracker, finish))
+    vt.finish = [](hasten_instance* i, hasten_status s) noexcept {
+      return detail::call<Tracker>(i, [&](Tracker& t) { t.finish(s); });
+    };
+  return vt;
+}
+template <class T>
+inline constexpr hasten_tracker_vtable tracker_vtable = make_tracker_vtable<T>();
+
+template <class T>
+constexpr hasten_plugin_descriptor tracker_descriptor(const char* name, const char* version,
+                                                      const char* description) {
+  return make_descriptor(HASTEN_KIND_TRACKER, name, version, description, &tracker_vtable<T>);
+}
+
+// ------------------------------------------------------------------------------------------
+// Comm (C tier). Work items are whatever the subclass allocates; it frees them.
+// ------------------------------------------------------------------------------------------
+class Comm : public PluginBase {
+ public:
+  using PluginBase::PluginBase;
+  virtual void init(const hasten_comm_init& init) = 0;
+  virtual bool supports_device(int32_t device_type) = 0;
+  virtual hasten_work* allreduce(DLTensor& buffer, hasten_reduce_op op,
+                                 const hasten_coll_options* options) = 0;
+  virtual hasten_work* allgather(const DLTensor& input, DLTensor& output,
+                                 const hasten_coll_options* options) = 0;
+  virtual hasten_work* reduce_scatter(const DLTensor& input, DLTensor& output,
+                                      hasten_reduce_op op, const hasten_coll_options* options) {
+    (void)input, (void)output, (void)op, (void)options;
+    throw Error(HASTEN_ERR_UNSUPPORTED, "reduce_scatter is not supported");
+  }
+  virtual hasten_work* broadcast(DLTensor& buffer, int32_t root,
+                                 const hasten_coll_options* options) = 0;
+  virtual hasten_work* barrier(const hasten_coll_options* options) = 0;
+  virtual void wait(hasten_work* work, int64_t timeout_ms) = 0;
+  virtual bool test(hasten_work* work) {
+    wait(work, 0);
+    return true;
+  }
+  virtual void free_work(hasten_work* work) noexcept = 0;
+  virtual void abort() noexcept {}
+};
+
+template <class T>
+constexpr hasten_comm_vtable make_comm_vtable() {
+  static_assert(std::is_base_of_v<Comm, T>, "T must derive from hasten::sdk::Comm");
+  hasten_comm_vtable vt{};
+  vt.struct_size = sizeof(vt);
+  vt.abi_version = HASTEN_ABI_VERSION;
+  vt.create = &detail::create<T, Comm>;
+  vt.destroy = &detail::destroy<Comm>;
+  vt.init = [](hasten_instance* i, const hasten_comm_init* init) noexcept {
+    return detail::call<Comm>(i, [&](Comm& c) { c.init(*init); });
+  };
+  vt.supports_device = [](hasten_instance* i, int32_t device_type) noexcept -> int32_t {
+    try {
+      return detail::self<Comm>(i)->supports_device(device_type) ? 1 : 0;
+    } catch (...) {
+      return 0;
+    }
+  };
+  vt.allreduce = [](hasten_instance* i, DLTensor* b, int32_t op,
+                    const hasten_coll_options* o, hasten_work** w) noexcept {
+    return detail::call<Comm>(
+        i, [&](Comm& c) { *w = c.allreduce(*b, static_cast<hasten_reduce_op>(op), o); });
+  };
+  vt.allgather = [](hasten_instance* i, const DLTensor* in, DLTensor* out,
+                    const hasten_coll_options* o, hasten_work** w) noexcept {
+    return detail::call<Comm>(i, [&](Comm& c) { *w = c.allgather(*in, *out, o); });
+  };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Comm, reduce_scatter))
+    vt.reduce_scatter = [](hasten_instance* i, const DLTensor* in, DLTensor* out, int32_t op,
+                           const hasten_coll_options* o, hasten_work** w) noexcept {
+      return detail::call<Comm>(i, [&](Comm& c) {
+        *w = c.reduce_scatter(*in, *out, static_cast<hasten_reduce_op>(op), o);
+      });
+    };
+  vt.broadcast = [](hasten_instance* i, DLTensor* b, int32_t root,
+                    const hasten_coll_options* o, hasten_work** w) noexcept {
+    return detail::call<Comm>(i, [&](Comm& c) { *w = c.broadcast(*b, root, o); });
+  };
+  vt.barrier = [](hasten_instance* i, const hasten_coll_options* o, hasten_work** w) noexcept {
+    return detail::call<Comm>(i, [&](Comm& c) { *w = c.barrier(o); });
+  };
+  vt.work_wait = [](hasten_instance* i, hasten_work* w, int64_t timeout_ms) noexcept {
+    return detail::call<Comm>(i, [&](Comm& c) { c.wait(w, timeout_ms); });
+  };
+  vt.work_test = [](hasten_instance* i, hasten_work* w, int32_t* done) noexcept {
+    return detail::call<Comm>(i, [&](Comm& c) { *done = c.test(w) ? 1 : 0; });
+  };
+  vt.work_free = [](hasten_instance* i, hasten_work* w) noexcept {
+    detail::self<Comm>(i)->free_work(w);
+  };
+  vt.abort = [](hasten_instance* i) noexcept { detail::self<Comm>(i)->abort(); };
+  return vt;
+}
+template <class T>
+inline constexpr hasten_comm_vtable comm_vtable = make_comm_vtable<T>();
+
+template <class T>
+constexpr hasten_plugin_descriptor comm_descriptor(const char* name, const char* version,
+                                                   const char* description) {
+  return make_descriptor(HASTEN_KIND_COMM, name, version, description, &comm_vtable<T>);
+}
+
+#ifdef HASTEN_PLUGIN_TORCH_TIER
+// ------------------------------------------------------------------------------------------
+// Torch tier: the fingerprint, handle conversions, Strategy and Precision bases.
+// ------------------------------------------------------------------------------------------
+#define HASTEN_SDK_STR2(x) #x
+#define HASTEN_SDK_STR(x) HASTEN_SDK_STR2(x)
+#if __has_include(<ATen/cuda/CUDAConfig.h>)
+#define HASTEN_SDK_TORCH_DEVICE "cuda"
+#else
+#define HASTEN_SDK_TORCH_DEVICE "cpu"
+#endif
+#if defined(_LIBCPP_VERSION)
+#define HASTEN_SDK_STDLIB "libc++"
+#else
+#define HASTEN_SDK_STDLIB "libstdc++"
+#endif
+// The LibTorch build this translation unit is compiled against. Two sides with equal
+// fingerprints can pass at::Tensor / torch::nn::Module objects to each other.
+#define HASTEN_TORCH_FINGERPRINT                                                   \
+  "torch=" TORCH_VERSION ";cxx11abi=" HASTEN_SDK_STR(_GLIBCXX_USE_CXX11_ABI) ";device=" \
+      HASTEN_SDK_TORCH_DEVICE ";stdlib=" HASTEN_SDK_STDLIB
+
+// Handles are borrowed LibTorch objects owned by the host.
+inline at::Tensor& tensor(hasten_tensor* h) { return *reinterpret_cast<at::Tensor*>(h); }
+inline torch::nn::Module& module(hasten_module* h) {
+  return *reinterpret_cast<torch::nn::Module*>(h);
+}
+inline torch::optim::Optimizer& optimizer(hasten_optimizer* h) {
+  return *reinterpret_cast<torch::optim::Optimizer*>(h);
+}
+inline hasten_tensor* handle(at::Tensor& t) { return reinterpret_cast<hasten_tensor*>(&t); }
+inline hasten_module* handle(torch::nn::Module& m) {
+  return reinterpret_cast<hasten_module*>(&m);
+}
+inline hasten_optimizer* handle(torch::optim::Optimizer& o) {
+  return reinterpret_cast<hasten_optimizer*>(&o);
+}
+
+inline DLDataType dl_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return {kDLFloat, 32, 1};
+    case at::kDouble: return {kDLFloat, 64, 1};
+    case at::kHalf: return {kDLFloat, 16, 1};
+    case at::kBFloat16: return {kDLBfloat, 16, 1};
+    case at::kLong: return {kDLInt, 64, 1};
+    case at::kInt: return {kDLInt, 32, 1};
+    case at::kByte: return {kDLUInt, 8, 1};
+    case at::kChar: return {kDLInt, 8, 1};
+    case at::kBool: return {kDLUInt, 8, 1};
+    default: throw Error(HASTEN_ERR_UNSUPPORTED, std::string("unsupported dtype ") +
+                                                     c10::toString(type));
+  }
+}
+
+inline DLDevice dl_device(const at::Device& device) {
+  DLDevice d{};
+  d.device_type = device.is_cuda() ? kDLCUDA : kDLCPU;
+  d.device_id = device.has_index() ? device.index() : 0;
+  return d;
+}
+
+// A non-owning DLTensor view of a contiguous tensor, valid while t lives and keeps its shape.
+inline DLTensor dl_view(const at::Tensor& t) {
+  if (!t.is_contiguous())
+    throw Error(HASTEN_ERR_INVALID_ARGUMENT, "collective buffers must be contiguous");
+  DLTensor v{};
+  v.data = t.data_ptr();
+  v.device = dl_device(t.device());
+  v.ndim = static_cast<int32_t>(t.dim());
+  v.dtype = dl_dtype(t.scalar_type());
+  v.shape = const_cast<int64_t*>(t.sizes().data());
+  v.strides = nullptr;  // compact row-major
+  v.byte_offset = 0;
+  return v;
+}
+
+// Throws the host's message when a host call failed.
+inline void check(const hasten_host_api* host, hasten_status status, const char* what) {
+  (void)host;
+  if (status != HASTEN_OK)
+    throw Error(status, std::string(what) + " failed (status " + std::to_string(status) + ")");
+}
+
+class Strategy : public PluginBase {
+ public:
+  using PluginBase::PluginBase;
+  virtual void prepare_model(torch::nn::Module& model, const hasten_model_info& info) = 0;
+  virtual void prepare_optimizer(torch::optim::Optimizer& optimizer) { (void)optimizer; }
+  virtual void set_gradient_sync(torch::nn::Module& model, bool enabled) {
+    (void)model, (void)enabled;
+  }
+  virtual void before_backward() {}
+  virtual void after_backward() {}
+  virtual void before_optimizer_step(torch::optim::Optimizer& optimizer) { (void)optimizer; }
+  virtual void after_optimizer_step(torch::optim::Optimizer& optimizer) { (void)optimizer; }
+  virtual double clip_grad_norm(torch::nn::Module& model, double max_norm, double norm_type) {
+    (void)model, (void)max_norm, (void)norm_type;
+    throw Error(HASTEN_ERR_UNSUPPORTED, "clip_grad_norm");
+  }
+};
+
+template <class T>
+constexpr hasten_strategy_vtable make_strategy_vtable() {
+  static_assert(std::is_base_of_v<Strategy, T>, "T must derive from hasten::sdk::Strategy");
+  hasten_strategy_vtable vt{};
+  vt.struct_size = sizeof(vt);
+  vt.abi_version = HASTEN_ABI_VERSION;
+  vt.create = &detail::create<T, Strategy>;
+  vt.destroy = &detail::destroy<Strategy>;
+  vt.prepare_model = [](hasten_instance* i, hasten_module* m,
+                        const hasten_model_info* info) noexcept {
+    return detail::call<Strategy>(i, [&](Strategy& s) { s.prepare_model(module(m), *info); });
+  };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Strategy, prepare_optimizer))
+    vt.prepare_optimizer = [](hasten_instance* i, hasten_optimizer* o) noexcept {
+      return detail::call<Strategy>(i, [&](Strategy& s) { s.prepare_optimizer(optimizer(o)); });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Strategy, set_gradient_sync))
+    vt.set_gradient_sync = [](hasten_instance* i, hasten_module* m, int32_t on) noexcept {
+      return detail::call<Strategy>(i,
+                                    [&](Strategy& s) { s.set_gradient_sync(module(m), on != 0); });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Strategy, before_backward))
+    vt.before_backward = [](hasten_instance* i) noexcept {
+      return detail::call<Strategy>(i, [&](Strategy& s) { s.before_backward(); });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Strategy, after_backward))
+    vt.after_backward = [](hasten_instance* i) noexcept {
+      return detail::call<Strategy>(i, [&](Strategy& s) { s.after_backward(); });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Strategy, before_optimizer_step))
+    vt.before_optimizer_step = [](hasten_instance* i, hasten_optimizer* o) noexcept {
+      return detail::call<Strategy>(i,
+                                    [&](Strategy& s) { s.before_optimizer_step(optimizer(o)); });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Strategy, after_optimizer_step))
+    vt.after_optimizer_step = [](hasten_instance* i, hasten_optimizer* o) noexcept {
+      return detail::call<Strategy>(i,
+                                    [&](Strategy& s) { s.after_optimizer_step(optimizer(o)); });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Strategy, clip_grad_norm))
+    vt.clip_grad_norm = [](hasten_instance* i, hasten_module* m, double max_norm,
+                           double norm_type, double* total) noexcept {
+      return detail::call<Strategy>(
+          i, [&](Strategy& s) { *total = s.clip_grad_norm(module(m), max_norm, norm_type); });
+    };
+  return vt;
+}
+template <class T>
+inline constexpr hasten_strategy_vtable strategy_vtable = make_strategy_vtable<T>();
+
+template <class T>
+constexpr hasten_plugin_descriptor strategy_descriptor(const char* name, const char* version,
+                                                       const char* description,
+                                                       const hasten_preset* presets = nullptr,
+                                                       uint32_t n_presets = 0) {
+  return make_descriptor(HASTEN_KIND_STRATEGY, name, version, description,
+                         &strategy_vtable<T>, HASTEN_TORCH_FINGERPRINT, presets, n_presets);
+}
+
+class Precision : public PluginBase {
+ public:
+  using PluginBase::PluginBase;
+  virtual void check_device(const DLDevice& device) { (void)device; }
+  // Returns a token handed back to autocast_exit.
+  virtual void* autocast_enter(const DLDevice& device) {
+    (void)device;
+    return nullptr;
+  }
+  virtual void autocast_exit(void* token) { (void)token; }
+  virtual void scale_loss(at::Tensor& loss) { (void)loss; }
+  virtual void unscale_gradients(torch::optim::Optimizer& optimizer) { (void)optimizer; }
+  virtual bool before_step(torch::optim::Optimizer& optimizer) {  // true: skip the step
+    (void)optimizer;
+    return false;
+  }
+  virtual void after_step(torch::optim::Optimizer& optimizer, bool skipped) {
+    (void)optimizer, (void)skipped;
+  }
+  virtual double loss_scale() { return 1.0; }
+};
+
+template <class T>
+constexpr hasten_precision_vtable make_precision_vtable() {
+  static_assert(std::is_base_of_v<Precision, T>, "T must derive from hasten::sdk::Precision");
+  hasten_precision_vtable vt{};
+  vt.struct_size = sizeof(vt);
+  vt.abi_version = HASTEN_ABI_VERSION;
+  vt.create = &detail::create<T, Precision>;
+  vt.destroy = &detail::destroy<Precision>;
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Precision, check_device))
+    vt.check_device = [](hasten_instance* i, DLDevice d) noexcept {
+      return detail::call<Precision>(i, [&](Precision& p) { p.check_device(d); });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Precision, autocast_enter)) {
+    vt.autocast_enter = [](hasten_instance* i, DLDevice d, void** token) noexcept {
+      return detail::call<Precision>(i, [&](Precision& p) { *token = p.autocast_enter(d); });
+    };
+    vt.autocast_exit = [](hasten_instance* i, void* token) noexcept {
+      return detail::call<Precision>(i, [&](Precision& p) { p.autocast_exit(token); });
+    };
+  }
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Precision, scale_loss))
+    vt.scale_loss = [](hasten_instance* i, hasten_tensor* loss) noexcept {
+      return detail::call<Precision>(i, [&](Precision& p) { p.scale_loss(tensor(loss)); });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Precision, unscale_gradients))
+    vt.unscale_gradients = [](hasten_instance* i, hasten_optimizer* o) noexcept {
+      return detail::call<Precision>(i, [&](Precision& p) { p.unscale_gradients(optimizer(o)); });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Precision, before_step))
+    vt.before_step = [](hasten_instance* i, hasten_optimizer* o, int32_t* skip) noexcept {
+      return detail::call<Precision>(
+          i, [&](Precision& p) { *skip = p.before_step(optimizer(o)) ? 1 : 0; });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Precision, after_step))
+    vt.after_step = [](hasten_instance* i, hasten_optimizer* o, int32_t skipped) noexcept {
+      return detail::call<Precision>(
+          i, [&](Precision& p) { p.after_step(optimizer(o), skipped != 0); });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Precision, loss_scale))
+    vt.loss_scale = [](hasten_instance* i, double* scale) noexcept {
+      return detail::call<Precision>(i, [&](Precision& p) { *scale = p.loss_scale(); });
+    };
+  return vt;
+}
+template <class T>
+inline constexpr hasten_precision_vtable precision_vtable = make_precision_vtable<T>();
+
+template <class T>
+constexpr hasten_plugin_descriptor precision_descriptor(const char* name, const char* version,
+                                                        const char* description) {
+  return make_descriptor(HASTEN_KIND_PRECISION, name, version, description,
+                         &precision_vtable<T>, HASTEN_TORCH_FINGERPRINT);
+}
+#endif  // HASTEN_PLUGIN_TORCH_TIER
+
+}  // namespace v1
+}  // namespace hasten::sdk
+
+// Defines the library's entry point over the given descriptors (constant expressions or
+// names of static hasten_plugin_descriptor objects, by address):
+//   static constexpr auto kCsv = hasten::sdk::tracker_descriptor<Csv>("csv", "1.0", "...");
+//   HASTEN_PLUGIN_LIBRARY(&kCsv)
+#define HASTEN_PLUGIN_LIBRARY(...)                                                          \
+  extern "C" HASTEN_PLUGIN_EXPORT hasten_status hasten_plugin_entry_v1(                    \
+      const hasten_host_api* host, uint32_t host_abi,                                       \
+      const hasten_plugin_descriptor* const** out, uint32_t* count) {                       \
+    static const hasten_plugin_descriptor* const hasten_sdk_list[] = {__VA_ARGS__};         \
+    (void)host;                                                                             \
+    if (HASTEN_ABI_VERSION_MAJOR(host_abi) != HASTEN_ABI_MAJOR) return HASTEN_ERR_UNSUPPORTED; \
+    *out = hasten_sdk_list;                                                                 \
+    *count = static_cast<uint32_t>(sizeof(hasten_sdk_list) / sizeof(hasten_sdk_list[0]));  \
+    return HASTEN_OK;                                                                       \
+  }
+
+#endif  // HASTEN_PLUGIN_HPP
