@@ -1,13 +1,31 @@
 # One precompiled <torch/torch.h> for every target that includes LibTorch: a translation unit
-# that parses it from scratch takes ~20 s on these machines, with the PCH a few.
-# hasten_torch_pch is a tiny object library that owns the PCH; hasten_use_torch_pch(target)
-# reuses it. Targets that reuse it must compile with the same flags (all targets here are
-# PIC and C++17, see the top-level CMakeLists.txt).
-add_library(hasten_torch_pch OBJECT ${CMAKE_CURRENT_LIST_DIR}/torch_pch.cpp)
-target_link_libraries(hasten_torch_pch PRIVATE ${TORCH_LIBRARIES})
-target_include_directories(hasten_torch_pch PRIVATE ${TORCH_INCLUDE_DIRS})
-target_precompile_headers(hasten_torch_pch PRIVATE <torch/torch.h>)
-
+# that parses it from scratch takes ~20 s on these machines, with the PCH a few seconds.
+# GCC accepts a PCH only with the same code-model flags, so there are two anchors: one for
+# libraries and plugins (-fPIC) and one for executables (the compiler's default, PIE on
+# Debian). hasten_use_torch_pch(target) picks the right one.
+function(_hasten_pch_anchor name pic)
+  add_library(${name} OBJECT ${CMAKE_CURRENT_LIST_DIR}/torch_pch.cpp)
+  target_link_libraries(${name} PRIVATE ${TORCH_LIBRARIES})
+  target_include_directories(${name} SYSTEM PRIVATE ${TORCH_INCLUDE_DIRS})
+  set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE ${pic})
+  target_precompile_headers(${name} PRIVATE <torch/torch.h>)
+endfunction()
+set(_HASTEN_PCH_DIR ${CMAKE_CURRENT_LIST_DIR})
 function(hasten_use_torch_pch target)
-  target_precompile_headers(${target} REUSE_FROM hasten_torch_pch)
+  get_target_property(type ${target} TYPE)
+  get_target_property(pic ${target} POSITION_INDEPENDENT_CODE)
+  if(type STREQUAL "EXECUTABLE" OR (DEFINED pic AND NOT pic))
+    if(NOT TARGET hasten_torch_pch_exe)
+      set(CMAKE_CURRENT_LIST_DIR ${_HASTEN_PCH_DIR})
+      _hasten_pch_anchor(hasten_torch_pch_exe OFF)
+    endif()
+    set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+    target_precompile_headers(${target} REUSE_FROM hasten_torch_pch_exe)
+  else()
+    if(NOT TARGET hasten_torch_pch)
+      set(CMAKE_CURRENT_LIST_DIR ${_HASTEN_PCH_DIR})
+      _hasten_pch_anchor(hasten_torch_pch ON)
+    endif()
+    target_precompile_headers(${target} REUSE_FROM hasten_torch_pch)
+  endif()
 endfunction()

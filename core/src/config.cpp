@@ -483,9 +483,12 @@ Layer env_layer(const Environment& env) {
 Layer code_layer(const Options& o) {
   Layer layer;
   layer.label = "code";
+  auto where_of = [&](const std::string& key) {
+    return o.origin == "flag" ? "flag --" + key : o.origin + " option " + key;
+  };
   auto put = [&](const std::string& key, const json& v) {
-    layer.values[key] = convert(*find_spec(key), v, "code option " + key);
-    layer.origin[key] = "code";
+    layer.values[key] = convert(*find_spec(key), v, where_of(key));
+    layer.origin[key] = o.origin;
   };
   if (o.mixed_precision) put("mixed_precision", *o.mixed_precision);
   if (o.gradient_accumulation_steps) put("gradient_accumulation_steps", *o.gradient_accumulation_steps);
@@ -500,7 +503,7 @@ Layer code_layer(const Options& o) {
   if (o.even_batches) put("even_batches", *o.even_batches);
   for (auto& [key, text] : o.set) {
     const KeySpec* spec = find_spec(key);
-    const std::string where = "code option set(\"" + key + "\")";
+    const std::string where = where_of(key);
     if (spec == nullptr || spec->type == Type::Section) {
       std::vector<std::string> all;
       for (auto& k : schema()) all.push_back(k.path);
@@ -517,7 +520,7 @@ Layer code_layer(const Options& o) {
     }
     if (value.is_null()) continue;
     layer.values[key] = convert(*spec, value, where);
-    layer.origin[key] = "code";
+    layer.origin[key] = o.origin;
   }
   return layer;
 }

@@ -37,6 +37,9 @@ struct Options {
   std::optional<bool> split_batches;
   std::optional<bool> even_batches;
   std::vector<std::pair<std::string, std::string>> set;
+  // How messages name these options: "code" ("code option mixed_precision") or "flag"
+  // ("flag --mixed_precision", for command-line tools).
+  std::string origin = "code";
 };
 
 // The resolved configuration.

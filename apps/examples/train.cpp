@@ -1,0 +1,269 @@
+// hasten-example: trains a workload of shared/bench/WORKLOADS.md through hasten (the default)
+// or through a plain LibTorch loop (--impl libtorch), prints progress on the main process, logs
+// to the configured trackers, and with --json prints the same summary fields as the PyTorch
+// peer (shared/peers/torch_peer.py) so runs compare directly.
+//
+//   hasten-example --workload mlp-small --steps 200
+//   hasten launch --num_processes 2 build/bin/hasten-example --workload gpt-tiny --json
+#include <hasten/hasten.hpp>
+#include <hasten/runtime_info.hpp>
+#include <hasten/torch_compat.hpp>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+
+#include "workloads.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace W = hasten::workloads;
+
+struct Args {
+  std::string workload = "mlp-small";
+  int64_t steps = -1;  // timed steps; -1: the workload's default
+  int64_t warmup = 10;
+  int64_t batch = 0;   // 0: the workload's B
+  std::string impl = "hasten";
+  std::string mode;    // label; default derived from the run
+  bool json = false;
+  std::string losses_out;
+  int64_t log_every = 10;
+  int threads = 1;
+  std::string project = "hasten-example";
+  hasten::Options options;
+};
+
+struct Result {
+  std::vector<double> losses;  // per step, averaged over ranks
+  double timed_s = 0;
+  int64_t timed_steps = 0;
+  std::vector<double> peak_rss_mb;
+  int world_size = 1;
+  int rank = 0;
+  std::string precision = "no";
+  int accumulation = 1;
+};
+
+// The plain LibTorch loop: no hasten code in the step.
+Result train_libtorch(const Args& a, int64_t batch, int64_t total) {
+  torch::manual_seed(0);
+  auto model = W::build_model(a.workload);
+  auto [inputs, targets] = W::build_data(a.workload);
+  torch::optim::AdamW opt(model->parameters(), W::optimizer_options());
+  const bool bf16 = a.options.mixed_precision.value_or("no") == "bf16";
+  const int64_t n = inputs.size(0);
+  std::vector<torch::Tensor> losses;
+  losses.reserve(static_cast<size_t>(total));
+  Result r;
+  Clock::time_point t0 = Clock::now();
+  for (int64_t i = 0; i < total; ++i) {
+    if (i == a.warmup) t0 = Clock::now();
+    const int64_t start = (i * batch) % n;
+    auto x = W::model_input(a.workload, inputs.narrow(0, start, batch));
+    auto y = targets.narrow(0, start, batch);
+    torch::Tensor out;
+    if (bf16) {
+      hasten::compat::set_autocast_enabled(c10::DeviceType::CPU, true);
+      hasten::compat::set_autocast_dtype(c10::DeviceType::CPU, at::kBFloat16);
+      at::autocast::increment_nesting();
+      out = model->forward(x);
+      if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+      hasten::compat::set_autocast_enabled(c10::DeviceType::CPU, false);
+      out = out.to(torch::kFloat);
+    } else {
+      out = model->forward(x);
+    }
+    auto loss = W::loss(a.workload, out, y);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    losses.push_back(loss.detach());
+  }
+  r.timed_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.timed_steps = total - a.warmup;
+  auto all = torch::stack(losses).to(torch::kDouble);
+  r.losses.assign(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
+  r.peak_rss_mb = {W::peak_rss_mb()};
+  r.precision = bf16 ? "bf16" : "no";
+  return r;
+}
+
+Result train_hasten(const Args& a, int64_t batch, int64_t total) {
+  hasten::Accelerator acc(a.options);
+  torch::manual_seed(0);
+  auto model = W::build_model(a.workload);
+  auto [inputs, targets] = W::build_data(a.workload);
+  torch::optim::AdamW optimizer(model->parameters(), W::optimizer_options());
+  hasten::DataLoader data(hasten::TensorDataset(inputs, targets), {.batch_size = batch});
+
+  auto [net, opt, loader] = acc.prepare(model, optimizer, data);
+
+  const bool tracking = a.log_every > 0 && !acc.config().trackers.empty();
+  if (tracking)
+    acc.init_trackers(a.project, {{"workload", a.workload},
+                                  {"batch_size", batch},
+                                  {"steps", total},
+                                  {"mixed_precision", acc.mixed_precision()},
+                                  {"strategy", acc.strategy()},
+                                  {"gradient_accumulation_steps", int64_t{acc.gradient_accumulation_steps()}},
+                                  {"num_processes", int64_t{acc.num_processes()}}});
+  std::vector<torch::Tensor> losses;
+  losses.reserve(static_cast<size_t>(total));
+  Clock::time_point t0 = Clock::now(), last = t0;
+  int64_t step = 0;
+  while (step < total) {
+    for (auto& b : loader) {
+      if (step == a.warmup) t0 = Clock::now();
+      auto scope = acc.accumulate(net);
+      auto loss = W::loss(a.workload, net(W::model_input(a.workload, b.input)), b.target);
+      acc.backward(loss);
+      opt.step();
+      opt.zero_grad();
+      losses.push_back(loss.detach());
+      ++step;
+      if (a.log_every > 0 && step % a.log_every == 0) {
+        const double l = loss.item<double>();
+        const double dt = std::chrono::duration<double>(Clock::now() - last).count();
+        last = Clock::now();
+        const double sps = static_cast<double>(a.log_every * batch * acc.num_processes()) / dt;
+        if (!a.json) acc.print("step ", step, "/", total, "  loss ", l, "  samples/s ", static_cast<int64_t>(sps));
+        if (tracking) acc.log({{"loss", l}, {"samples_per_s", sps}}, step);
+      }
+      if (step >= total) break;
+    }
+  }
+  Result r;
+  r.timed_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.timed_steps = total - a.warmup;
+  r.world_size = acc.num_processes();
+  r.rank = acc.process_index();
+  r.precision = acc.mixed_precision();
+  r.accumulation = acc.gradient_accumulation_steps();
+  // Every rank's losses, averaged (for ddp: the loss of the global batch).
+  auto all = acc.reduce(torch::stack(losses).to(torch::kDouble), "mean");
+  r.losses.assign(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
+  auto rss = acc.gather(torch::tensor({W::peak_rss_mb()}, torch::kDouble));
+  r.peak_rss_mb.assign(rss.data_ptr<double>(), rss.data_ptr<double>() + rss.numel());
+  if (tracking) {
+    acc.log({{"final_loss", r.losses.back()}}, step);
+    acc.end_training();
+  }
+  return r;
+}
+
+int run(const Args& a) {
+  const W::Spec& spec = W::spec(a.workload);
+  const int64_t batch = a.batch > 0 ? a.batch : spec.batch;
+  const int64_t timed = a.steps >= 0 ? a.steps : spec.timed_steps;
+  const int64_t total = a.warmup + timed;
+  if (total <= 0) throw std::invalid_argument("--steps plus --warmup must be positive");
+  torch::set_num_threads(a.threads);
+
+  Result r = a.impl == "libtorch" ? train_libtorch(a, batch, total) : train_hasten(a, batch, total);
+  if (r.rank != 0) return 0;
+
+  const int accum = r.accumulation;
+  std::string mode = a.mode;
+  if (mode.empty()) {
+    if (r.world_size > 1)
+      mode = "ddp" + std::to_string(r.world_size) + (accum > 1 ? "-accum" + std::to_string(accum) : "");
+    else
+      mode = r.precision == "no" ? "single" : r.precision;
+  }
+  const double steps_per_s = r.timed_steps > 0 && r.timed_s > 0 ? r.timed_steps / r.timed_s : 0.0;
+  nlohmann::ordered_json rec;
+  rec["impl"] = a.impl;
+  rec["workload"] = a.workload;
+  rec["mode"] = mode;
+  rec["steps_per_s"] = steps_per_s;
+  rec["samples_per_s"] = steps_per_s * static_cast<double>(batch * r.world_size);
+  rec["peak_rss_mb"] = r.peak_rss_mb;
+  rec["final_loss"] = r.losses.back();
+  rec["losses_first5"] = std::vector<double>(r.losses.begin(), r.losses.begin() + std::min<size_t>(5, r.losses.size()));
+  rec["samples_per_s_per_rank"] = steps_per_s * static_cast<double>(batch);
+  rec["B"] = batch;
+  rec["world_size"] = r.world_size;
+  rec["S"] = r.timed_steps;
+  rec["warmup"] = a.warmup;
+  rec["timed_s"] = r.timed_s;
+  rec["threads"] = a.threads;
+  rec["torch"] = TORCH_VERSION;
+  const auto blas = hasten::blas_info();
+  rec["blas"] = blas.library == "openblas" ? "openblas:" + blas.core : blas.library;
+  if (a.json) {
+    std::cout << rec.dump() << std::endl;
+  } else {
+    std::cout << "done: " << a.workload << " " << mode << ", " << total << " steps, final loss "
+              << r.losses.back() << ", " << steps_per_s << " steps/s ("
+              << rec["samples_per_s"].get<double>() << " samples/s)" << std::endl;
+  }
+  if (!a.losses_out.empty()) {
+    std::ofstream out(a.losses_out);
+    out << nlohmann::ordered_json{{"impl", a.impl}, {"workload", a.workload}, {"mode", mode},
+                                  {"B", batch}, {"losses", r.losses}}
+               .dump()
+        << "\n";
+    if (!out) throw hasten::Error("cannot write --losses-out file '" + a.losses_out + "'");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{"hasten-example: train a benchmark workload through hasten"};
+  app.add_option("--workload", a.workload, "mlp-small, mlp-large or gpt-tiny")
+      ->check(CLI::IsMember(W::names()));
+  app.add_option("--steps", a.steps, "Timed steps after the warmup (default: the workload's S)");
+  app.add_option("--warmup", a.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber);
+  app.add_option("--batch", a.batch, "Per-process batch size (default: the workload's B)");
+  app.add_option("--impl", a.impl, "hasten, or libtorch for the plain loop")
+      ->check(CLI::IsMember({"hasten", "libtorch"}));
+  app.add_option("--mode", a.mode, "Label of the run in the JSON summary");
+  app.add_flag("--json", a.json, "Print the summary as one JSON line (main process)");
+  app.add_option("--losses-out,--losses_out", a.losses_out, "Write every step's loss (JSON) here");
+  app.add_option("--log-every,--log_every", a.log_every, "Progress and tracker logging period (0: off)");
+  app.add_option("--threads", a.threads, "Intra-op threads")->check(CLI::PositiveNumber);
+  app.add_option("--project", a.project, "Tracker project name");
+  std::string config_file, mp, strategy;
+  int accum = 0;
+  std::vector<std::string> trackers;
+  app.add_option("--config_file,--config-file", config_file, "hasten config file");
+  app.add_option("--mixed_precision,--mixed-precision", mp, "no, bf16 or fp16");
+  app.add_option("--gradient_accumulation_steps,--gradient-accumulation-steps", accum, "Micro-batches per step");
+  app.add_option("--strategy", strategy, "Strategy plugin");
+  app.add_option("--trackers", trackers, "Tracker plugins (e.g. csv jsonl)");
+  app.add_option_function<std::string>(
+      "--set", [&](const std::string& kv) {
+        const auto eq = kv.find('=');
+        if (eq == std::string::npos) throw CLI::ValidationError("--set", "expected KEY=VALUE, got " + kv);
+        a.options.set.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+      },
+      "Any config key, KEY=VALUE (repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "hasten-example: error: " << e.what() << std::endl;
+    return 2;
+  }
+  if (!config_file.empty()) a.options.config_file = config_file;
+  if (!mp.empty()) a.options.mixed_precision = mp;
+  if (accum > 0) a.options.gradient_accumulation_steps = accum;
+  if (!strategy.empty()) a.options.strategy = strategy;
+  if (!trackers.empty()) a.options.trackers = trackers;
+  try {
+    return run(a);
+  } catch (const std::exception& e) {
+    std::cerr << "hasten-example: error: " << e.what() << std::endl;
+    return 1;
+  }
+}

@@ -1,0 +1,107 @@
+#include "workloads.hpp"
+
+#include <sys/resource.h>
+
+#include <limits>
+#include <stdexcept>
+
+namespace hasten::workloads {
+
+namespace {
+const std::vector<Spec>& specs() {
+  static const std::vector<Spec> s = {
+      {"mlp-small", 32, 8192, 200},
+      {"mlp-large", 64, 4096, 50},
+      {"gpt-tiny", 8, 2048, 200},
+  };
+  return s;
+}
+}  // namespace
+
+const Spec& spec(const std::string& name) {
+  for (auto& s : specs())
+    if (s.name == name) return s;
+  throw std::invalid_argument("unknown workload '" + name + "' (allowed: mlp-small, mlp-large, gpt-tiny)");
+}
+
+std::vector<std::string> names() { return {"mlp-small", "mlp-large", "gpt-tiny"}; }
+
+MlpImpl::MlpImpl(const std::vector<int64_t>& widths) {
+  layers = register_module("layers", torch::nn::Sequential());
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    layers->push_back(torch::nn::Linear(widths[i], widths[i + 1]));
+    if (i + 2 < widths.size()) layers->push_back(torch::nn::ReLU());
+  }
+}
+
+torch::Tensor MlpImpl::forward(torch::Tensor input) { return layers->forward(input); }
+
+TinyGptImpl::TinyGptImpl(int64_t vocab, int64_t seq, int64_t d_model, int64_t nhead, int64_t ff,
+                         int64_t layers) {
+  tok = register_module("tok", torch::nn::Embedding(vocab, d_model));
+  pos = register_module("pos", torch::nn::Embedding(seq, d_model));
+  blocks = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < layers; ++i) {
+    torch::nn::TransformerEncoderLayer layer(torch::nn::TransformerEncoderLayerOptions(d_model, nhead)
+                                                 .dim_feedforward(ff)
+                                                 .dropout(0.0)
+                                                 .activation(torch::kReLU));
+    blocks->push_back(layer);
+    block_list.push_back(layer);
+  }
+  head = register_module("head", torch::nn::Linear(d_model, vocab));
+  // Plain tensors, not buffers (the peer keeps them out of DDP's buffer broadcast).
+  causal_mask = torch::triu(torch::full({seq, seq}, -std::numeric_limits<float>::infinity()), 1);
+  positions = torch::arange(seq);
+}
+
+torch::Tensor TinyGptImpl::forward(torch::Tensor idx) {
+  const int64_t s = idx.size(0);
+  torch::Tensor h = tok->forward(idx) + pos->forward(positions.narrow(0, 0, s)).unsqueeze(1);
+  const torch::Tensor mask = causal_mask.narrow(0, 0, s).narrow(1, 0, s);
+  for (auto& layer : block_list) h = layer->forward(h, mask);
+  return head->forward(h);
+}
+
+std::shared_ptr<ModelImpl> build_model(const std::string& name) {
+  spec(name);
+  if (name == "mlp-small") return std::make_shared<MlpImpl>(std::vector<int64_t>{256, 512, 512, 10});
+  if (name == "mlp-large")
+    return std::make_shared<MlpImpl>(std::vector<int64_t>{1024, 4096, 4096, 1024, 10});
+  return std::make_shared<TinyGptImpl>(96, 128, 256, 4, 1024, 4);
+}
+
+std::pair<torch::Tensor, torch::Tensor> build_data(const std::string& name) {
+  const Spec& s = spec(name);
+  if (name == "gpt-tiny") {
+    torch::Tensor tokens = torch::randint(0, 96, {s.samples, 129}, torch::kLong);
+    return {tokens.narrow(1, 0, 128), tokens.narrow(1, 1, 128)};
+  }
+  const int64_t in = name == "mlp-small" ? 256 : 1024;
+  torch::Tensor x = torch::randn({s.samples, in});
+  torch::Tensor y = torch::randint(0, 10, {s.samples}, torch::kLong);
+  return {x, y};
+}
+
+torch::Tensor model_input(const std::string& name, const torch::Tensor& inputs) {
+  return name == "gpt-tiny" ? inputs.t() : inputs;
+}
+
+torch::Tensor loss(const std::string& name, const torch::Tensor& logits, const torch::Tensor& targets) {
+  namespace F = torch::nn::functional;
+  if (name == "gpt-tiny")
+    return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.t().reshape(-1));
+  return F::cross_entropy(logits, targets);
+}
+
+torch::optim::AdamWOptions optimizer_options() {
+  return torch::optim::AdamWOptions(1e-3).betas({0.9, 0.999}).eps(1e-8).weight_decay(0.01);
+}
+
+double peak_rss_mb() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
+}
+
+}  // namespace hasten::workloads

@@ -1,0 +1,62 @@
+// The benchmark workloads of shared/bench/WORKLOADS.md, built exactly as the PyTorch peer
+// (shared/peers/peer_workloads.py) builds them, so that the same seed gives the same losses.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace hasten::workloads {
+
+struct Spec {
+  std::string name;
+  int64_t batch;     // B, per process
+  int64_t samples;   // N
+  int64_t timed_steps;  // default S
+};
+
+// mlp-small, mlp-large, gpt-tiny; throws std::invalid_argument for other names.
+const Spec& spec(const std::string& name);
+std::vector<std::string> names();
+
+// A model of a workload: forward(input) -> logits.
+struct ModelImpl : torch::nn::Module {
+  virtual torch::Tensor forward(torch::Tensor input) = 0;
+};
+
+// Sequential MLP: Linear/ReLU stack.
+struct MlpImpl : ModelImpl {
+  explicit MlpImpl(const std::vector<int64_t>& widths);
+  torch::Tensor forward(torch::Tensor input) override;
+  torch::nn::Sequential layers{nullptr};
+};
+
+// Token and learned position embeddings, 4 post-norm TransformerEncoderLayers with a causal
+// mask (sequence-first), a linear head. Layers are constructed one by one, as the peer does.
+struct TinyGptImpl : ModelImpl {
+  TinyGptImpl(int64_t vocab, int64_t seq, int64_t d_model, int64_t nhead, int64_t ff, int64_t layers);
+  torch::Tensor forward(torch::Tensor idx) override;  // idx: (seq, batch) int64
+  torch::nn::Embedding tok{nullptr}, pos{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  std::vector<torch::nn::TransformerEncoderLayer> block_list;
+  torch::nn::Linear head{nullptr};
+  torch::Tensor causal_mask, positions;
+};
+
+// Call right after torch::manual_seed(0).
+std::shared_ptr<ModelImpl> build_model(const std::string& name);
+
+// The dataset, drawn right after the model from the same generator: (inputs, targets) with
+// the sample dimension first. For gpt-tiny, inputs = tokens[:, :-1] and targets = tokens[:, 1:].
+std::pair<torch::Tensor, torch::Tensor> build_data(const std::string& name);
+
+// Model input and loss target for a batch of samples (gpt-tiny transposes to sequence-first).
+torch::Tensor model_input(const std::string& name, const torch::Tensor& inputs);
+torch::Tensor loss(const std::string& name, const torch::Tensor& logits, const torch::Tensor& targets);
+
+torch::optim::AdamWOptions optimizer_options();
+
+double peak_rss_mb();
+
+}  // namespace hasten::workloads

@@ -1,0 +1,22 @@
+// The subcommands of `hasten`. Each registers its options on the app and returns the action
+// that runs it; actions return the process exit status and report errors as one line.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+namespace hasten::cli {
+
+using Action = std::function<int()>;
+
+void add_env_command(CLI::App& app, Action& action);
+void add_plugins_command(CLI::App& app, Action& action);
+void add_config_command(CLI::App& app, Action& action);
+void add_launch_command(CLI::App& app, Action& action);
+
+// "hasten: error: <message>" on stderr; returns 1.
+int report_error(const std::string& message);
+
+}  // namespace hasten::cli

@@ -1,0 +1,146 @@
+// `hasten launch [flags] PROGRAM [ARGS...]`: resolves the config (file, environment, flags),
+// then starts this machine's workers with the torchrun environment contract and the resolved
+// config in HASTEN_CONFIG_JSON.
+#include <hasten/config.hpp>
+#include <hasten/error.hpp>
+#include <hasten/process.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <iostream>
+#include <optional>
+#include <thread>
+
+#include "commands.hpp"
+#include "launcher.hpp"
+
+namespace hasten::cli {
+
+namespace {
+
+struct LaunchFlags {
+  std::string config_file;
+  std::vector<std::pair<std::string, std::string>> set;  // config key -> flag text
+  bool dry_run = false;
+  double grace_s = 5.0;
+  std::vector<std::string> command;
+};
+
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_of(" \t\n'\"\\$`*?&;|<>(){}[]!#~") == std::string::npos) return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+int launch(const LaunchFlags& flags) {
+  if (flags.command.empty()) return report_error("launch: no PROGRAM given (usage: hasten launch [flags] PROGRAM [ARGS...])");
+  Options options;
+  options.origin = "flag";
+  if (!flags.config_file.empty()) options.config_file = flags.config_file;
+  options.set = flags.set;
+  const Environment env = current_environment();
+  const Config config = resolve_config(options, env);
+
+  LaunchPlan plan;
+  plan.command = flags.command;
+  plan.world_size = config.num_processes;
+  plan.num_machines = config.num_machines;
+  plan.machine_rank = config.machine_rank;
+  plan.local_world_size = config.num_processes / config.num_machines;
+  plan.master_addr = config.main_process_ip;
+  plan.master_port = config.main_process_port;
+  plan.grace_s = flags.grace_s;
+  if (config.num_machines == 1) {
+    // One machine: port 0 or a busy port picks a free one.
+    if (plan.master_port == 0 || !port_is_free(plan.master_port)) {
+      const int port = pick_free_port();
+      if (plan.master_port != 0 && !flags.dry_run)
+        std::cerr << "hasten launch: port " << plan.master_port << " is busy; using " << port << std::endl;
+      plan.master_port = port;
+    }
+  }
+  // Threads per worker: the flag or config, else what the environment says, else an even
+  // share of the machine's cores.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int threads = config.num_cpu_threads_per_process;
+  if (threads == 0 && env.count("OMP_NUM_THREADS") == 0)
+    threads = std::max(1, cores / std::max(1, plan.local_world_size));
+  if (threads > 0) {
+    plan.env.emplace_back("OMP_NUM_THREADS", std::to_string(threads));
+    plan.env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(threads));
+  }
+  plan.env.emplace_back("HASTEN_CONFIG_JSON", config.explicit_json);
+  plan.prefix_output = plan.world_size > 1;
+  if (config.tee || !config.log_dir.empty())
+    plan.log_dir = config.log_dir.empty() ? std::string("hasten_logs/launch") : config.log_dir;
+
+  if (flags.dry_run) {
+    std::cout << "hasten launch plan (dry run: nothing is started)\n"
+              << "machine " << plan.machine_rank << " of " << plan.num_machines << ", "
+              << plan.local_world_size << " local workers of " << plan.world_size << ", rendezvous "
+              << plan.master_addr << ":" << plan.master_port << "\n"
+              << "resolved config:\n"
+              << nlohmann::json::parse(config.resolved_json).dump(2) << "\n";
+    for (int lr = 0; lr < plan.local_world_size; ++lr) {
+      std::cout << "worker rank " << plan.global_rank(lr) << " (local rank " << lr << "):";
+      for (auto& [k, v] : plan.worker_env(lr)) std::cout << " " << k << "=" << shell_quote(v);
+      for (auto& a : plan.command) std::cout << " " << shell_quote(a);
+      std::cout << "\n";
+    }
+    if (!plan.log_dir.empty()) std::cout << "per-rank logs: " << plan.log_dir << "/rank_<r>.log\n";
+    return 0;
+  }
+  return run_workers(plan);
+}
+
+}  // namespace
+
+void add_launch_command(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand("launch", "Start this machine's workers of a training program");
+  auto flags = std::make_shared<LaunchFlags>();
+  cmd->prefix_command();  // everything from PROGRAM on belongs to the program
+  cmd->add_option("--config_file,--config-file", flags->config_file, "Config file (YAML, Accelerate keys accepted)");
+  // Flags that set a config key of the same name.
+  struct KeyFlag {
+    const char* names;
+    const char* key;
+    const char* help;
+  };
+  static const KeyFlag key_flags[] = {
+      {"--num_processes,--num-processes", "num_processes", "Total processes across machines"},
+      {"--num_machines,--num-machines", "num_machines", "Machines in the run"},
+      {"--machine_rank,--machine-rank", "machine_rank", "This machine's index"},
+      {"--main_process_ip,--main-process-ip", "main_process_ip", "Address of the machine of rank 0"},
+      {"--main_process_port,--main-process-port", "main_process_port", "Rendezvous port (0: a free one)"},
+      {"--num_cpu_threads_per_process,--num-cpu-threads-per-process", "num_cpu_threads_per_process",
+       "OMP_NUM_THREADS and OPENBLAS_NUM_THREADS of each worker"},
+      {"--mixed_precision,--mixed-precision", "mixed_precision", "no, fp16 or bf16"},
+      {"--gradient_accumulation_steps,--gradient-accumulation-steps", "gradient_accumulation_steps",
+       "Micro-batches per optimizer step"},
+      {"--strategy", "strategy", "Strategy plugin name, preset or path"},
+      {"--precision", "precision", "Precision plugin name or path"},
+      {"--log_dir,--log-dir", "log_dir", "Write each rank's output to LOG_DIR/rank_<r>.log"},
+  };
+  for (const auto& f : key_flags) {
+    auto* opt = cmd->add_option_function<std::string>(
+        f.names, [flags, key = std::string(f.key)](const std::string& v) { flags->set.emplace_back(key, v); },
+        f.help);
+    opt->type_name("VALUE");
+  }
+  cmd->add_flag_function("--tee", [flags](int64_t) { flags->set.emplace_back("tee", "true"); },
+                         "Also write per-rank logs (to --log_dir, default hasten_logs/launch)");
+  cmd->add_flag_function("--debug", [flags](int64_t) { flags->set.emplace_back("debug", "true"); },
+                         "Check collectives across ranks");
+  cmd->add_flag("--dry-run,--dry_run", flags->dry_run, "Print the plan and start nothing");
+  cmd->add_option("--grace_period,--grace-period", flags->grace_s,
+                  "Seconds between SIGTERM and SIGKILL when stopping workers")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("PROGRAM", flags->command, "Program and its arguments");
+  cmd->callback([&action, flags, cmd] {
+    for (auto& extra : cmd->remaining()) flags->command.push_back(extra);
+    action = [flags] { return launch(*flags); };
+  });
+}
+
+}  // namespace hasten::cli

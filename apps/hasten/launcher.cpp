@@ -1,0 +1,334 @@
+#include "launcher.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+namespace hasten::cli {
+
+namespace {
+
+volatile sig_atomic_t g_signal = 0;
+
+void on_signal(int sig) { g_signal = sig; }
+
+// Output of one worker stream, split into lines, prefixed and copied to the log.
+struct Stream {
+  int fd = -1;
+  int out_fd = 1;  // our stdout or stderr
+  std::string pending;
+};
+
+struct Worker {
+  int local_rank = 0;
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;
+  Stream out, err;
+  std::unique_ptr<std::ofstream> log;
+};
+
+void write_all(int fd, const std::string& s) {
+  size_t done = 0;
+  while (done < s.size()) {
+    ssize_t n = ::write(fd, s.data() + done, s.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+void emit(Worker& w, Stream& s, const std::string& prefix, bool flush_partial) {
+  if (flush_partial && !s.pending.empty() && s.pending.back() != '\n') s.pending += '\n';
+  std::string out, plain;
+  size_t start = 0;
+  for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+    const std::string line = s.pending.substr(start, nl - start + 1);
+    plain += line;  // the log holds the worker's own text
+    out += prefix + line;
+  }
+  s.pending.erase(0, start);
+  if (out.empty()) return;
+  if (w.log) {
+    *w.log << plain;
+    w.log->flush();
+  }
+  write_all(s.out_fd, out);
+}
+
+// Reads what is available; returns false at EOF.
+bool drain(Worker& w, Stream& s, const std::string& prefix) {
+  if (s.fd < 0) return false;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(s.fd, buf, sizeof buf);
+    if (n > 0) {
+      s.pending.append(buf, static_cast<size_t>(n));
+      emit(w, s, prefix, false);
+      continue;
+    }
+    if (n == 0) {
+      emit(w, s, prefix, true);
+      ::close(s.fd);
+      s.fd = -1;
+      return false;
+    }
+    if (errno == EINTR) continue;
+    return true;  // EAGAIN: nothing more for now
+  }
+}
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* name = ::strsignal(sig);
+    return "was killed by signal " + std::to_string(sig) + " (" + (name ? name : "?") + ")";
+  }
+  return "ended with status " + std::to_string(status);
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+void signal_all(std::vector<Worker>& workers, int sig) {
+  for (auto& w : workers)
+    if (w.running) ::kill(-w.pid, sig);  // the worker's whole process group
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> LaunchPlan::worker_env(int local_rank) const {
+  auto env = this->env;
+  env.emplace_back("RANK", std::to_string(global_rank(local_rank)));
+  env.emplace_back("LOCAL_RANK", std::to_string(local_rank));
+  env.emplace_back("WORLD_SIZE", std::to_string(world_size));
+  env.emplace_back("LOCAL_WORLD_SIZE", std::to_string(local_world_size));
+  env.emplace_back("GROUP_RANK", std::to_string(machine_rank));
+  env.emplace_back("MASTER_ADDR", master_addr);
+  env.emplace_back("MASTER_PORT", std::to_string(master_port));
+  env.emplace_back("HASTEN_LAUNCHED", "1");
+  return env;
+}
+
+int pick_free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    socklen_t len = sizeof addr;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+bool port_is_free(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return ok;
+}
+
+int run_workers(const LaunchPlan& plan) {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGHUP, &sa, nullptr);
+
+  if (!plan.log_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(plan.log_dir, ec);
+    if (ec) {
+      std::cerr << "hasten: error: cannot create log_dir '" << plan.log_dir << "': " << ec.message() << std::endl;
+      return 1;
+    }
+  }
+  const bool use_pipes = plan.prefix_output || !plan.log_dir.empty();
+
+  std::vector<Worker> workers(static_cast<size_t>(plan.local_world_size));
+  for (int lr = 0; lr < plan.local_world_size; ++lr) {
+    Worker& w = workers[static_cast<size_t>(lr)];
+    w.local_rank = lr;
+    w.rank = plan.global_rank(lr);
+    if (!plan.log_dir.empty()) {
+      w.log = std::make_unique<std::ofstream>(plan.log_dir + "/rank_" + std::to_string(w.rank) + ".log");
+    }
+    int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
+    if (use_pipes && (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0)) {
+      std::cerr << "hasten: error: pipe: " << std::strerror(errno) << std::endl;
+      signal_all(workers, SIGKILL);
+      return 1;
+    }
+    // Everything the child needs is prepared before fork (no allocation after it).
+    std::vector<std::string> env_strings;
+    for (auto& [k, v] : plan.worker_env(lr)) env_strings.push_back(k + "=" + v);
+    std::vector<char*> argv;
+    for (auto& a : plan.command) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      std::cerr << "hasten: error: fork: " << std::strerror(errno) << std::endl;
+      signal_all(workers, SIGKILL);
+      return 1;
+    }
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      ::sigaction(SIGINT, &dfl, nullptr);
+      ::sigaction(SIGTERM, &dfl, nullptr);
+      ::sigaction(SIGHUP, &dfl, nullptr);
+      if (use_pipes) {
+        ::dup2(out_pipe[1], 1);
+        ::dup2(err_pipe[1], 2);
+        ::close(out_pipe[0]);
+        ::close(out_pipe[1]);
+        ::close(err_pipe[0]);
+        ::close(err_pipe[1]);
+      }
+      for (auto& kv : env_strings) ::putenv(const_cast<char*>(kv.c_str()));
+      ::execvp(argv[0], argv.data());
+      const std::string msg = "hasten launch: cannot run '" + plan.command[0] + "': " + std::strerror(errno) + "\n";
+      write_all(2, msg);
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);
+    w.pid = pid;
+    w.running = true;
+    if (use_pipes) {
+      ::close(out_pipe[1]);
+      ::close(err_pipe[1]);
+      w.out.fd = out_pipe[0];
+      w.out.out_fd = 1;
+      w.err.fd = err_pipe[0];
+      w.err.out_fd = 2;
+      ::fcntl(w.out.fd, F_SETFL, O_NONBLOCK);
+      ::fcntl(w.err.fd, F_SETFL, O_NONBLOCK);
+    }
+  }
+
+  using clock = std::chrono::steady_clock;
+  int first_failure = -1;  // index of the worker whose failure stops the run
+  int forwarded_signal = 0;
+  bool stopping = false;
+  clock::time_point kill_deadline{};
+  auto begin_stop = [&] {
+    if (stopping) return;
+    stopping = true;
+    kill_deadline = clock::now() + std::chrono::milliseconds(static_cast<int64_t>(plan.grace_s * 1000));
+  };
+
+  for (;;) {
+    if (g_signal != 0) {
+      const int sig = g_signal;
+      g_signal = 0;
+      forwarded_signal = sig;
+      signal_all(workers, sig);
+      begin_stop();
+    }
+    // Output.
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Worker*, Stream*>> owners;
+    for (auto& w : workers)
+      for (Stream* s : {&w.out, &w.err})
+        if (s->fd >= 0) {
+          fds.push_back({s->fd, POLLIN, 0});
+          owners.emplace_back(&w, s);
+        }
+    if (!fds.empty()) {
+      ::poll(fds.data(), fds.size(), 50);
+      for (size_t i = 0; i < fds.size(); ++i)
+        if (fds[i].revents != 0) {
+          Worker* w = owners[i].first;
+          drain(*w, *owners[i].second,
+                plan.prefix_output ? "[rank " + std::to_string(w->rank) + "] " : "");
+        }
+    } else {
+      ::usleep(50 * 1000);
+    }
+    // Exits.
+    bool any_running = false;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      Worker& w = workers[i];
+      if (!w.running) continue;
+      int status = 0;
+      const pid_t r = ::waitpid(w.pid, &status, WNOHANG);
+      if (r == w.pid) {
+        w.running = false;
+        w.status = status;
+        const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (failed && first_failure < 0 && !stopping) {
+          first_failure = static_cast<int>(i);
+          std::cerr << "hasten launch: rank " << w.rank << " (pid " << w.pid << ") " << describe(status)
+                    << "; stopping the other workers" << std::endl;
+          signal_all(workers, SIGTERM);
+          begin_stop();
+        }
+        // Its descendants go with it.
+        ::kill(-w.pid, SIGKILL);
+      } else {
+        any_running = true;
+      }
+    }
+    if (!any_running) break;
+    if (stopping && clock::now() > kill_deadline) signal_all(workers, SIGKILL);
+  }
+  // What is left in the pipes.
+  for (auto& w : workers)
+    for (Stream* s : {&w.out, &w.err})
+      while (s->fd >= 0 && drain(w, *s, plan.prefix_output ? "[rank " + std::to_string(w.rank) + "] " : "")) {
+        if (s->fd >= 0) {
+          pollfd p{s->fd, POLLIN, 0};
+          if (::poll(&p, 1, 100) <= 0) {
+            ::close(s->fd);
+            s->fd = -1;
+          }
+        }
+      }
+  if (first_failure >= 0) return exit_code_of(workers[static_cast<size_t>(first_failure)].status);
+  if (forwarded_signal != 0) {
+    for (auto& w : workers)
+      if (!(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) return exit_code_of(w.status);
+    return 128 + forwarded_signal;
+  }
+  for (auto& w : workers)
+    if (!(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) return exit_code_of(w.status);
+  return 0;
+}
+
+}  // namespace hasten::cli

@@ -1,0 +1,39 @@
+// The local half of `hasten launch`: starts this machine's workers with the torchrun
+// environment contract, prefixes their output with the rank, forwards signals, and when one
+// worker fails stops the others (SIGTERM, then SIGKILL after a grace period) and returns the
+// failed worker's status.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace hasten::cli {
+
+struct LaunchPlan {
+  std::vector<std::string> command;  // program and its arguments
+  int world_size = 1;                // all machines
+  int local_world_size = 1;          // this machine
+  int machine_rank = 0;
+  int num_machines = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::vector<std::pair<std::string, std::string>> env;  // set on every worker
+  bool prefix_output = false;
+  std::string log_dir;  // non-empty: also write rank_<r>.log there
+  double grace_s = 5.0;
+
+  int global_rank(int local_rank) const { return machine_rank * local_world_size + local_rank; }
+  // The variables a worker gets on top of the launcher's environment.
+  std::vector<std::pair<std::string, std::string>> worker_env(int local_rank) const;
+};
+
+// Runs the workers to completion; returns the exit status for the launcher.
+int run_workers(const LaunchPlan& plan);
+
+// A TCP port that nothing listens on now (bound and released).
+int pick_free_port();
+// Whether `port` can be bound on all interfaces now.
+bool port_is_free(int port);
+
+}  // namespace hasten::cli

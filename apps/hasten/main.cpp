@@ -1,0 +1,44 @@
+// hasten: environment report, plugin listing and inspection, config files, and the launcher.
+#include <hasten/error.hpp>
+
+#include <iostream>
+
+#include "commands.hpp"
+
+namespace hasten::cli {
+int report_error(const std::string& message) {
+  std::cerr << "hasten: error: " << message << std::endl;
+  return 1;
+}
+}  // namespace hasten::cli
+
+int main(int argc, char** argv) {
+  using namespace hasten::cli;
+  CLI::App app{"hasten: distributed training for LibTorch C++ programs"};
+  app.name("hasten");
+  app.require_subcommand(1);
+  Action action;
+  add_env_command(app, action);
+  add_plugins_command(app, action);
+  add_config_command(app, action);
+  add_launch_command(app, action);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "hasten: error: " << e.what() << " (see hasten --help)" << std::endl;
+    return 2;
+  }
+  try {
+    return action ? action() : 0;
+  } catch (const hasten::Error& e) {
+    return report_error(e.what());
+  } catch (const std::exception& e) {
+    return report_error(e.what());
+  }
+}
