@@ -484,7 +484,8 @@ Layer code_layer(const Options& o) {
   Layer layer;
   layer.label = "code";
   auto where_of = [&](const std::string& key) {
-    return o.origin == "flag" ? "flag --" + key : o.origin + " option " + key;
+    (void)key;  // messages name the key themselves
+    return o.origin == "flag" ? std::string("command-line flags") : o.origin + " options";
   };
   auto put = [&](const std::string& key, const json& v) {
     layer.values[key] = convert(*find_spec(key), v, where_of(key));

@@ -206,9 +206,12 @@ template <class Dataset>
 class PreparedDataLoader {
   // Marks the loader active while an iteration is under way (for end-of-data detection).
   struct Session {
+    Session(std::shared_ptr<detail::Engine> e, size_t l) : engine(std::move(e)), loader(l) {}
+    ~Session() { engine->loader_end(loader); }
+    Session(const Session&) = delete;
+    Session& operator=(const Session&) = delete;
     std::shared_ptr<detail::Engine> engine;
     size_t loader;
-    ~Session() { engine->loader_end(loader); }
   };
 
  public:
@@ -261,7 +264,7 @@ class PreparedDataLoader {
   iterator begin() {
     auto plan = engine_->loader_begin_epoch(loader_);
     end_pos_ = plan.num_batches;
-    auto session = plan.num_batches > 0 ? std::make_shared<Session>(Session{engine_, loader_})
+    auto session = plan.num_batches > 0 ? std::make_shared<Session>(engine_, loader_)
                                         : nullptr;
     if (!session) engine_->loader_end(loader_);
     return iterator(this, std::move(session), std::move(plan), 0);
@@ -399,6 +402,8 @@ class Accelerator {
   // Divides gradients by the loss scale now (fp16); later calls in the same step do nothing.
   void unscale_gradients() { engine_->unscale_gradients(); }
   bool optimizer_step_was_skipped() const { return engine_->any_optimizer_step_skipped(); }
+  // The precision plugin's current loss scale (1 without loss scaling).
+  double loss_scale() const { return engine_->loss_scale(); }
 
   AutocastScope autocast() { return AutocastScope(engine_); }
 

@@ -1,0 +1,498 @@
+// The one-process lifecycle through the public API: prepare, accumulate, backward, the
+// prepared optimizer and scheduler, clipping, precision plugins, plugin failures, trackers.
+#include <hasten/hasten.hpp>
+#include <hasten/torch_compat.hpp>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "test_util.hpp"
+
+using hasten::Accelerator;
+using hasten::Options;
+namespace F = torch::nn::functional;
+
+namespace {
+
+// Options isolated from any user config file and environment settings.
+Options isolated(Options o = {}) {
+  static hasten::test::TempDir home;
+  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  return o;
+}
+
+struct Data {
+  torch::Tensor x, y;
+};
+
+Data make_data(int64_t n) {
+  torch::manual_seed(1);
+  return {torch::randn({n, 6}), torch::randint(0, 3, {n}, torch::kLong)};
+}
+
+std::shared_ptr<torch::nn::LinearImpl> make_model() {
+  torch::manual_seed(0);
+  return std::make_shared<torch::nn::LinearImpl>(6, 3);
+}
+
+// Halves the learning rate on every step() (LibTorch's StepLR skips its first call).
+struct Halving : torch::optim::LRScheduler {
+  using LRScheduler::LRScheduler;
+  std::vector<double> get_lrs() override {
+    auto lrs = get_current_lrs();
+    for (auto& lr : lrs) lr *= 0.5;
+    return lrs;
+  }
+};
+
+std::vector<torch::Tensor> grads_of(const torch::nn::Module& m) {
+  std::vector<torch::Tensor> g;
+  for (auto& p : m.parameters()) g.push_back(p.grad().clone());
+  return g;
+}
+
+double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, (a[i] - b[i]).abs().max().item<double>());
+  return d;
+}
+
+}  // namespace
+
+TEST(Accumulation, FourMicroBatchesOfEightEqualOneBatchOf32) {
+  Data d = make_data(32);
+  auto reference = make_model();
+  F::cross_entropy(reference->forward(d.x), d.y).backward();
+  const auto expected = grads_of(*reference);
+
+  Options o = isolated();
+  o.gradient_accumulation_steps = 4;
+  Accelerator acc(o);
+  auto model = make_model();
+  hasten::DataLoader data(hasten::TensorDataset(d.x, d.y), {.batch_size = 8});
+  auto [net, loader] = acc.prepare(model, data);
+  std::vector<bool> syncs;
+  for (auto& batch : loader) {
+    auto scope = acc.accumulate(net);
+    syncs.push_back(acc.sync_gradients());
+    acc.backward(F::cross_entropy(net(batch.input), batch.target));
+  }
+  EXPECT_EQ(syncs, (std::vector<bool>{false, false, false, true}));
+  EXPECT_LT(max_diff(grads_of(*model), expected), 1e-6);
+}
+
+TEST(Accumulation, StepAndZeroGradAreNoOpsOnMicroBatches) {
+  Data d = make_data(32);
+  Options o = isolated();
+  o.gradient_accumulation_steps = 4;
+  Accelerator acc(o);
+  auto model = make_model();
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  hasten::DataLoader data(hasten::TensorDataset(d.x, d.y), {.batch_size = 8});
+  auto [opt, net, loader] = acc.prepare(sgd, model, data);  // any order
+  int i = 0;
+  for (auto& batch : loader) {
+    auto scope = acc.accumulate(net);
+    acc.backward(F::cross_entropy(net(batch.input), batch.target));
+    const auto before = model->weight.detach().clone();
+    const auto grad_before = model->weight.grad().clone();
+    opt.step();
+    opt.zero_grad();
+    if (++i < 4) {
+      EXPECT_TRUE(torch::equal(model->weight, before)) << "step ran on micro-batch " << i;
+      EXPECT_TRUE(torch::equal(model->weight.grad(), grad_before)) << "zero_grad ran on micro-batch " << i;
+    } else {
+      EXPECT_FALSE(torch::equal(model->weight, before));
+      EXPECT_EQ(model->weight.grad().abs().sum().item<double>(), 0.0);
+    }
+  }
+  EXPECT_EQ(i, 4);
+}
+
+TEST(Accumulation, TheLoadersLastBatchSyncsAndAShortWindowIsAMean) {
+  // 6 batches, windows of 4: sync on the 4th and on the 6th (the loader's last); the last
+  // window has 2 micro-batches, so its gradient is their mean, not their sum over 4.
+  Data d = make_data(12);
+  Options o = isolated();
+  o.gradient_accumulation_steps = 4;
+  Accelerator acc(o);
+  auto model = make_model();
+  hasten::DataLoader data(hasten::TensorDataset(d.x, d.y), {.batch_size = 2});
+  auto [net, loader] = acc.prepare(model, data);
+  std::vector<bool> syncs;
+  int b = 0;
+  for (auto& batch : loader) {
+    auto scope = acc.accumulate(net);
+    syncs.push_back(acc.sync_gradients());
+    if (b == 4) model->zero_grad();  // look at the last window alone
+    acc.backward(F::cross_entropy(net(batch.input), batch.target));
+    ++b;
+  }
+  EXPECT_EQ(syncs, (std::vector<bool>{false, false, false, true, false, true}));
+  auto reference = make_model();
+  F::cross_entropy(reference->forward(d.x.narrow(0, 8, 4)), d.y.narrow(0, 8, 4)).backward();
+  EXPECT_LT(max_diff(grads_of(*model), grads_of(*reference)), 1e-6);
+}
+
+TEST(Accumulation, BackwardOutsideAccumulateDoesNotDivide) {
+  Data d = make_data(8);
+  Options o = isolated();
+  o.gradient_accumulation_steps = 4;
+  Accelerator acc(o);
+  auto model = make_model();
+  auto net = acc.prepare(model);
+  acc.backward(F::cross_entropy(net(d.x), d.y));
+  auto reference = make_model();
+  F::cross_entropy(reference->forward(d.x), d.y).backward();
+  EXPECT_LT(max_diff(grads_of(*model), grads_of(*reference)), 1e-7);
+}
+
+TEST(Scheduler, StepsOncePerOptimizerStep) {
+  Data d = make_data(64);
+  Options o = isolated();
+  o.gradient_accumulation_steps = 4;
+  Accelerator acc(o);
+  auto model = make_model();
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(1.0));
+  Halving step_lr(sgd);
+  hasten::DataLoader data(hasten::TensorDataset(d.x, d.y), {.batch_size = 8});
+  auto [net, opt, sched, loader] = acc.prepare(model, sgd, step_lr, data);
+  for (auto& batch : loader) {  // 8 micro-batches: 2 optimizer steps
+    auto scope = acc.accumulate(net);
+    acc.backward(F::cross_entropy(net(batch.input), batch.target));
+    opt.step();
+    sched.step();
+    opt.zero_grad();
+  }
+  EXPECT_DOUBLE_EQ(sgd.param_groups()[0].options().get_lr(), 0.25);
+}
+
+TEST(Scheduler, DoesNotStepWhenTheOptimizerStepWasSkipped) {
+  Data d = make_data(8);
+  Options o = isolated();
+  o.precision = "fp16";
+  o.set = {{"precision_options", "{cpu_scaler_only: true}"}};
+  Accelerator acc(o);
+  auto model = make_model();
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(1.0));
+  Halving step_lr(sgd);
+  auto [net, opt, sched] = acc.prepare(model, sgd, step_lr);
+  acc.backward(F::cross_entropy(net(d.x), d.y));
+  model->weight.mutable_grad()[0][0] = std::numeric_limits<float>::infinity();
+  opt.step();
+  sched.step();
+  EXPECT_TRUE(opt.step_was_skipped());
+  EXPECT_DOUBLE_EQ(sgd.param_groups()[0].options().get_lr(), 1.0);
+  opt.zero_grad();
+  acc.backward(F::cross_entropy(net(d.x), d.y));
+  opt.step();
+  sched.step();
+  EXPECT_FALSE(opt.step_was_skipped());
+  EXPECT_DOUBLE_EQ(sgd.param_groups()[0].options().get_lr(), 0.5);
+}
+
+TEST(Clipping, ReturnsTheTotalNormAndClips) {
+  Data d = make_data(16);
+  Accelerator acc(isolated());
+  auto model = make_model();
+  auto net = acc.prepare(model);
+  acc.backward(F::cross_entropy(net(d.x), d.y) * 100.0);
+  double expected = 0;
+  for (auto& p : model->parameters()) expected += p.grad().pow(2).sum().item<double>();
+  expected = std::sqrt(expected);
+  const double total = acc.clip_grad_norm_(net, 0.5);
+  EXPECT_NEAR(total, expected, 1e-4 * expected);
+  double after = 0;
+  for (auto& p : model->parameters()) after += p.grad().pow(2).sum().item<double>();
+  EXPECT_NEAR(std::sqrt(after), 0.5, 1e-4);
+  acc.clip_grad_value_(net, 0.01);
+  for (auto& p : model->parameters()) EXPECT_LE(p.grad().abs().max().item<double>(), 0.01 + 1e-9);
+}
+
+namespace {
+// Records what autocast looks like from inside forward.
+struct ProbeImpl : torch::nn::Module {
+  ProbeImpl() { fc = register_module("fc", torch::nn::Linear(4, 4)); }
+  torch::Tensor forward(torch::Tensor x) {
+    inside_enabled = hasten::compat::autocast_enabled(c10::DeviceType::CPU);
+    auto y = fc->forward(x);
+    inside_dtype = y.scalar_type();
+    return y;
+  }
+  torch::nn::Linear fc{nullptr};
+  bool inside_enabled = false;
+  c10::ScalarType inside_dtype = c10::ScalarType::Undefined;
+};
+}  // namespace
+
+TEST(Precision, Bf16AutocastIsOnInsideForwardAndOffOutside) {
+  Options o = isolated();
+  o.mixed_precision = "bf16";
+  Accelerator acc(o);
+  auto probe = std::make_shared<ProbeImpl>();
+  auto net = acc.prepare(probe);
+  auto out = net(torch::randn({2, 4}));
+  EXPECT_TRUE(probe->inside_enabled);
+  EXPECT_EQ(probe->inside_dtype, torch::kBFloat16);
+  EXPECT_EQ(out.scalar_type(), torch::kFloat);  // outputs come back float32
+  EXPECT_FALSE(hasten::compat::autocast_enabled(c10::DeviceType::CPU));
+  EXPECT_EQ(probe->fc->weight.scalar_type(), torch::kFloat);  // weights stay float32
+  {
+    auto scope = acc.autocast();
+    EXPECT_TRUE(hasten::compat::autocast_enabled(c10::DeviceType::CPU));
+  }
+  EXPECT_FALSE(hasten::compat::autocast_enabled(c10::DeviceType::CPU));
+  probe->forward(torch::randn({2, 4}));  // the raw module is not autocast
+  EXPECT_FALSE(probe->inside_enabled);
+}
+
+TEST(Precision, NoPrecisionLeavesForwardInFloat32) {
+  Accelerator acc(isolated());
+  auto probe = std::make_shared<ProbeImpl>();
+  auto net = acc.prepare(probe);
+  net(torch::randn({2, 4}));
+  EXPECT_FALSE(probe->inside_enabled);
+  EXPECT_EQ(probe->inside_dtype, torch::kFloat);
+}
+
+TEST(Precision, Fp16OnACpuRunIsAClearError) {
+  Options o = isolated();
+  o.mixed_precision = "fp16";
+  try {
+    Accelerator acc(o);
+    FAIL() << "fp16 on a CPU-only run must be refused";
+  } catch (const hasten::PluginError& e) {
+    EXPECT_NE(std::string(e.what()).find("'fp16' needs a CUDA device"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Precision, Fp16ScalerSkipsBacksOffAndGrows) {
+  Data d = make_data(8);
+  Options o = isolated();
+  o.mixed_precision = "fp16";
+  o.set = {{"precision_options", "{cpu_scaler_only: true, init_scale: 1024, growth_interval: 3}"}};
+  Accelerator acc(o);
+  auto model = make_model();
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto [net, opt] = acc.prepare(model, sgd);
+  EXPECT_DOUBLE_EQ(acc.loss_scale(), 1024.0);
+
+  // Gradients come back unscaled: the same as an unscaled float32 backward.
+  auto reference = make_model();
+  F::cross_entropy(reference->forward(d.x), d.y).backward();
+  acc.backward(F::cross_entropy(net(d.x), d.y));
+  EXPECT_GT(model->weight.grad().abs().max().item<double>(), 1.0);  // still scaled
+  acc.unscale_gradients();
+  EXPECT_LT(max_diff(grads_of(*model), grads_of(*reference)), 1e-6);
+  opt.step();  // uses the gradients unscaled above (not unscaled twice)
+  EXPECT_FALSE(opt.step_was_skipped());
+  opt.zero_grad();
+
+  // A non-finite gradient: the step is skipped and the scale halves.
+  acc.backward(F::cross_entropy(net(d.x), d.y));
+  model->weight.mutable_grad()[1][2] = std::numeric_limits<float>::quiet_NaN();
+  const auto before = model->weight.detach().clone();
+  opt.step();
+  EXPECT_TRUE(opt.step_was_skipped());
+  EXPECT_TRUE(acc.optimizer_step_was_skipped());
+  EXPECT_TRUE(torch::equal(model->weight.detach(), before));
+  EXPECT_DOUBLE_EQ(acc.loss_scale(), 512.0);
+  opt.zero_grad();
+
+  // growth_interval good steps in a row double it.
+  for (int i = 0; i < 3; ++i) {
+    acc.backward(F::cross_entropy(net(d.x), d.y));
+    opt.step();
+    EXPECT_FALSE(opt.step_was_skipped());
+    opt.zero_grad();
+    EXPECT_DOUBLE_EQ(acc.loss_scale(), i < 2 ? 512.0 : 1024.0);
+  }
+  EXPECT_FALSE(torch::equal(model->weight.detach(), before));
+}
+
+TEST(Precision, Fp16OptionsAreValidated) {
+  Options o = isolated();
+  o.mixed_precision = "fp16";
+  o.set = {{"precision_options", "{cpu_scaler_only: true, growth_intervall: 3}"}};
+  try {
+    Accelerator acc(o);
+    FAIL();
+  } catch (const hasten::PluginError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown key 'growth_intervall'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Plugins, AStrategyFromAnotherLibTorchBuildIsRefusedAtConstruction) {
+  Options o = isolated();
+  o.strategy = hasten::test::test_plugin("broken", "libhasten-strategy-fingerprint_mismatch.so");
+  try {
+    Accelerator acc(o);
+    FAIL();
+  } catch (const hasten::PluginError& e) {
+    EXPECT_NE(std::string(e.what()).find("built against LibTorch 'torch=0.4.1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Plugins, ACreateThatFailsReportsItsOwnMessage) {
+  hasten::test::TempDir logs;
+  Options o = isolated();
+  o.logging_dir = logs.path().string();
+  o.trackers = std::vector<std::string>{hasten::test::test_plugin("broken", "libhasten-tracker-create_fails.so")};
+  Accelerator acc(o);
+  try {
+    acc.init_trackers("p");
+    FAIL();
+  } catch (const hasten::PluginError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("tracker plugin 'create_fails'"), std::string::npos) << m;
+    EXPECT_NE(m.find("create failed (invalid argument): create failed on purpose: option 'x' is required"),
+              std::string::npos)
+        << m;
+  }
+}
+
+TEST(Plugins, ACreateThatThrowsDoesNotTakeTheHostDown) {
+  hasten::test::TempDir logs;
+  Options o = isolated();
+  o.logging_dir = logs.path().string();
+  o.trackers = std::vector<std::string>{hasten::test::test_plugin("broken", "libhasten-tracker-create_throws.so")};
+  Accelerator acc(o);
+  try {
+    acc.init_trackers("p");
+    FAIL();
+  } catch (const hasten::PluginError& e) {
+    EXPECT_NE(std::string(e.what()).find("create threw an exception across the C ABI: create threw on purpose"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Plugins, TheHostCallsStrategySlotsWhereTheLifecycleSays) {
+  hasten::test::TempDir dir;
+  const std::string trace = (dir.path() / "trace.txt").string();
+  Options o = isolated();
+  o.strategy = hasten::test::test_plugin("tracing", "libhasten-strategy-tracing.so");
+  o.gradient_accumulation_steps = 2;
+  o.set = {{"strategy_options", "{trace_file: " + trace + "}"}};
+  {
+    Accelerator acc(o);
+    Data d = make_data(16);
+    auto model = make_model();
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    hasten::DataLoader data(hasten::TensorDataset(d.x, d.y), {.batch_size = 8});
+    auto [opt, loader, net] = acc.prepare(sgd, data, model);  // the optimizer comes first here
+    for (auto& batch : loader) {
+      auto scope = acc.accumulate(net);
+      acc.backward(F::cross_entropy(net(batch.input), batch.target));
+      opt.step();
+      opt.zero_grad();
+    }
+  }
+  std::ifstream in(trace);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(text.str(),
+            "prepare_model 0 params 2\n"
+            "prepare_optimizer\n"
+            "set_gradient_sync 0\n"  // micro-batch 1 of 2: no gradient communication
+            "before_backward\n"
+            "after_backward\n"
+            "set_gradient_sync 1\n"  // restored when its accumulate() scope ends
+            "before_backward\n"       // micro-batch 2: syncs
+            "after_backward\n"
+            "before_optimizer_step\n"
+            "after_optimizer_step\n");
+}
+
+TEST(Trackers, CsvAndJsonlWriteTheirFiles) {
+  hasten::test::TempDir logs;
+  Options o = isolated();
+  o.logging_dir = logs.path().string();
+  o.trackers = std::vector<std::string>{"csv", "jsonl"};
+  Accelerator acc(o);
+  acc.init_trackers("run1", {{"lr", 0.001}, {"model", std::string("mlp")}, {"layers", int64_t{3}}, {"bf16", false}});
+  acc.log({{"loss", 2.5}, {"acc", 0.25}}, 1);
+  acc.log({{"loss", 1.5}}, 2);
+  acc.log({{"zeta", 7.0}, {"loss", 0.1}}, 3);  // a new metric widens the CSV
+  acc.log({{"loss", std::nan("")}}, 4);
+  acc.end_training();
+
+  EXPECT_EQ(logs.read("run1/metrics.csv"),
+            "step,acc,loss,zeta\n"
+            "1,0.25,2.5,\n"
+            "2,,1.5,\n"
+            "3,,0.1,7\n"
+            "4,,nan,\n");
+  auto hparams = nlohmann::json::parse(logs.read("run1/hparams.json"));
+  EXPECT_EQ(hparams.at("model"), "mlp");
+  EXPECT_EQ(hparams.at("layers"), 3);
+
+  std::istringstream lines(logs.read("run1/metrics.jsonl"));
+  std::vector<nlohmann::json> records;
+  for (std::string line; std::getline(lines, line);) records.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(records.size(), 6u);
+  EXPECT_EQ(records[0].at("type"), "hparams");
+  EXPECT_EQ(records[0].at("hparams").at("lr"), 0.001);
+  EXPECT_EQ(records[1].at("step"), 1);
+  EXPECT_EQ(records[1].at("loss"), 2.5);
+  EXPECT_TRUE(records[4].at("loss").is_null());  // NaN is written as null
+  EXPECT_EQ(records[5].at("type"), "end");
+  EXPECT_EQ(records[5].at("status"), "ok");
+}
+
+TEST(Trackers, AnUnknownTrackerIsAnErrorListingTheAvailableOnes) {
+  Options o = isolated();
+  o.trackers = std::vector<std::string>{"tensorbaord"};
+  Accelerator acc(o);
+  try {
+    acc.init_trackers("p");
+    FAIL();
+  } catch (const hasten::PluginError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown tracker plugin 'tensorbaord' (available: "), std::string::npos);
+  }
+}
+
+TEST(Processes, OneProcessMeanings) {
+  Accelerator acc(isolated());
+  EXPECT_TRUE(acc.is_main_process());
+  EXPECT_EQ(acc.num_processes(), 1);
+  auto t = torch::arange(6).reshape({3, 2});
+  EXPECT_TRUE(torch::equal(acc.gather(t), t));
+  EXPECT_EQ(acc.gather(torch::tensor(3.0)).sizes(), torch::IntArrayRef({1}));
+  EXPECT_TRUE(torch::equal(acc.reduce(t, "mean"), t));
+  EXPECT_TRUE(torch::equal(acc.broadcast(t), t));
+  EXPECT_EQ(acc.broadcast(std::string("hello")), "hello");
+  EXPECT_TRUE(torch::equal(acc.pad_across_processes(t, 0), t));
+  acc.wait_for_everyone();
+  { auto first = acc.main_process_first(); }
+  EXPECT_EQ(acc.split_between_processes(std::vector<int>{1, 2, 3}), (std::vector<int>{1, 2, 3}));
+  EXPECT_FALSE(acc.check_trigger());
+  acc.set_trigger();
+  EXPECT_TRUE(acc.check_trigger());
+  EXPECT_FALSE(acc.check_trigger());
+  EXPECT_THROW(acc.reduce(t, "median"), hasten::UsageError);
+  EXPECT_THROW(acc.broadcast(t, 1), hasten::UsageError);
+}
+
+TEST(Prepare, ReturnsObjectsInOrderAndUnwraps) {
+  Accelerator acc(isolated());
+  auto a = make_model();
+  auto b = std::make_shared<torch::nn::LinearImpl>(3, 2);
+  auto sgd = std::make_shared<torch::optim::SGD>(a->parameters(), torch::optim::SGDOptions(0.1));
+  auto [pa, po, pb] = acc.prepare(a, sgd, b);
+  EXPECT_EQ(acc.unwrap_model(pa).get(), a.get());
+  EXPECT_EQ(acc.unwrap_model(pb).get(), b.get());
+  EXPECT_EQ(&po.optimizer(), sgd.get());
+  EXPECT_EQ(pa.index(), 0u);
+  EXPECT_EQ(pb.index(), 1u);
+  auto x = torch::randn({2, 6});
+  EXPECT_TRUE(torch::allclose(pb(pa(x)), b->forward(a->forward(x))));
+  // A holder type works too.
+  torch::nn::Linear holder(2, 2);
+  auto ph = acc.prepare(holder);
+  EXPECT_EQ(ph->weight.size(0), 2);
+}

@@ -1,0 +1,122 @@
+// Data loading: epoch plans sharded by rank, padding, shuffling, collation.
+#include <hasten/data.hpp>
+#include <hasten/error.hpp>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <set>
+
+using hasten::detail::EpochPlan;
+using hasten::detail::ShardSpec;
+
+namespace {
+
+ShardSpec spec(int64_t n, int64_t batch, int64_t world, int64_t rank, bool shuffle = false) {
+  ShardSpec s;
+  s.dataset_size = n;
+  s.options.batch_size = batch;
+  s.options.shuffle = shuffle;
+  s.options.seed = 7;
+  s.world_size = world;
+  s.rank = rank;
+  return s;
+}
+
+std::vector<std::vector<int64_t>> batches(const ShardSpec& s, int64_t epoch = 0,
+                                          std::vector<int64_t>* pads = nullptr) {
+  EpochPlan plan = hasten::detail::make_epoch_plan(s, epoch);
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t b = 0; b < plan.num_batches; ++b) {
+    int64_t pad = 0;
+    out.push_back(plan.batch(b, &pad));
+    if (pads) pads->push_back(pad);
+  }
+  EXPECT_EQ(static_cast<int64_t>(out.size()), hasten::detail::count_batches(s));
+  return out;
+}
+
+using V = std::vector<std::vector<int64_t>>;
+
+}  // namespace
+
+TEST(EpochPlan, RankRTakesTheRthSliceOfEachGlobalBatch) {
+  EXPECT_EQ(batches(spec(8, 2, 2, 0)), (V{{0, 1}, {4, 5}}));
+  EXPECT_EQ(batches(spec(8, 2, 2, 1)), (V{{2, 3}, {6, 7}}));
+}
+
+TEST(EpochPlan, EvenBatchesPadTheLastRoundAndMarkIt) {
+  // 9 samples, batch 5, 2 ranks: rank 1's batch is completed with sample 0.
+  std::vector<int64_t> p0, p1;
+  EXPECT_EQ(batches(spec(9, 5, 2, 0), 0, &p0), (V{{0, 1, 2, 3, 4}}));
+  EXPECT_EQ(batches(spec(9, 5, 2, 1), 0, &p1), (V{{5, 6, 7, 8, 0}}));
+  EXPECT_EQ(p0, (std::vector<int64_t>{0}));
+  EXPECT_EQ(p1, (std::vector<int64_t>{1}));
+}
+
+TEST(EpochPlan, UnevenBatchesOnlyRealSamples) {
+  ShardSpec s0 = spec(9, 2, 2, 0), s1 = spec(9, 2, 2, 1);
+  s0.even_batches = s1.even_batches = false;
+  EXPECT_EQ(batches(s0), (V{{0, 1}, {4, 5}, {8}}));
+  EXPECT_EQ(batches(s1), (V{{2, 3}, {6, 7}}));
+}
+
+TEST(EpochPlan, DropLastAndOneProcess) {
+  ShardSpec s = spec(9, 2, 2, 1);
+  s.options.drop_last = true;
+  EXPECT_EQ(batches(s), (V{{2, 3}, {6, 7}}));
+  EXPECT_EQ(batches(spec(5, 2, 1, 0)), (V{{0, 1}, {2, 3}, {4}}));  // a short last batch, no padding
+}
+
+TEST(EpochPlan, SplitBatchesDividesTheGlobalBatch) {
+  ShardSpec s = spec(8, 4, 2, 1);
+  s.split_batches = true;
+  EXPECT_EQ(batches(s), (V{{2, 3}, {6, 7}}));
+  s.options.batch_size = 3;
+  EXPECT_THROW(hasten::detail::count_batches(s), hasten::Error);
+}
+
+TEST(EpochPlan, ShuffleIsOneGlobalOrderPerEpoch) {
+  std::set<int64_t> seen;
+  for (int64_t r = 0; r < 2; ++r)
+    for (auto& b : batches(spec(20, 5, 2, r, true)))
+      for (auto i : b) EXPECT_TRUE(seen.insert(i).second) << "sample " << i << " twice";
+  EXPECT_EQ(seen.size(), 20u);  // the ranks' shares partition the dataset
+  EXPECT_EQ(batches(spec(20, 5, 2, 0, true), 0), batches(spec(20, 5, 2, 0, true), 0));  // deterministic
+  EXPECT_NE(batches(spec(20, 5, 2, 0, true), 0), batches(spec(20, 5, 2, 0, true), 1));  // new each epoch
+}
+
+TEST(DataLoader, IteratesEpochsAndCollates) {
+  struct Squares {
+    size_t size() const { return 5; }
+    torch::data::Example<> get(size_t i) {
+      auto v = static_cast<float>(i);
+      return {torch::tensor({v, v * v}), torch::tensor(static_cast<int64_t>(i))};
+    }
+  };
+  hasten::DataLoader loader(Squares{}, {.batch_size = 2});
+  EXPECT_EQ(loader.size(), 3u);
+  std::vector<int64_t> sizes;
+  for (auto& b : loader) sizes.push_back(b.size());
+  EXPECT_EQ(sizes, (std::vector<int64_t>{2, 2, 1}));
+  auto it = loader.begin();  // the next epoch
+  EXPECT_TRUE(torch::equal(it->input, torch::tensor({{0.f, 0.f}, {1.f, 1.f}})));
+  EXPECT_TRUE(torch::equal(it->target, torch::tensor({0, 1}, torch::kLong)));
+}
+
+TEST(TensorDataset, ConsecutiveIndicesAreViews) {
+  auto x = torch::arange(20).reshape({10, 2});
+  hasten::TensorDataset ds(x, torch::arange(10));
+  auto b = ds.get_batch({2, 3, 4});
+  EXPECT_EQ(b.input.data_ptr<int64_t>(), x.data_ptr<int64_t>() + 4);  // no copy
+  auto c = ds.get_batch({5, 1});
+  EXPECT_TRUE(torch::equal(c.target, torch::tensor({5, 1}, torch::kLong)));
+  EXPECT_THROW(hasten::TensorDataset(x, torch::arange(9)), hasten::Error);
+}
+
+TEST(Batch, RealMaskDropsPadding) {
+  hasten::Batch b;
+  b.indices = torch::tensor({5, 6, 0}, torch::kLong);
+  b.num_padding = 1;
+  EXPECT_TRUE(torch::equal(b.real_mask(), torch::tensor({true, true, false})));
+}

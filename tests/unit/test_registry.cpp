@@ -1,0 +1,143 @@
+// The plugin registry: discovery, selection, and every refusal, each proven with a
+// deliberately broken plugin (tests/plugins/).
+#include <hasten/error.hpp>
+#include <hasten/registry.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "test_util.hpp"
+
+using hasten::PluginKind;
+using hasten::PluginRegistry;
+using hasten::test::test_plugin;
+
+namespace {
+
+std::string refusal_of(const std::string& dir, const std::string& file) {
+  auto result = PluginRegistry::instance().inspect(test_plugin(dir, file));
+  EXPECT_FALSE(result.valid) << file;
+  std::string all;
+  for (auto& r : result.refusals) all += (r.plugin.empty() ? "" : "[" + r.plugin + "] ") + r.reason + "\n";
+  return all;
+}
+
+bool has(const std::vector<hasten::PluginInfo>& plugins, PluginKind kind, const std::string& name) {
+  return std::any_of(plugins.begin(), plugins.end(),
+                     [&](auto& p) { return p.kind == kind && p.name == name; });
+}
+
+}  // namespace
+
+TEST(Registry, DiscoversTheFirstPartyPlugins) {
+  auto plugins = PluginRegistry::instance().plugins();
+  EXPECT_TRUE(has(plugins, PluginKind::Strategy, "single"));
+  EXPECT_TRUE(has(plugins, PluginKind::Precision, "no"));
+  EXPECT_TRUE(has(plugins, PluginKind::Precision, "bf16"));
+  EXPECT_TRUE(has(plugins, PluginKind::Precision, "fp16"));
+  EXPECT_TRUE(has(plugins, PluginKind::Tracker, "csv"));
+  EXPECT_TRUE(has(plugins, PluginKind::Tracker, "jsonl"));
+  for (auto& p : plugins) {
+    EXPECT_EQ(p.abi_major, 1u);
+    if (p.kind == PluginKind::Strategy || p.kind == PluginKind::Precision) EXPECT_EQ(p.tier, "torch");
+    if (p.kind == PluginKind::Tracker) EXPECT_EQ(p.tier, "c");
+  }
+  // No first-party library is refused.
+  const std::string first_party_dir = PluginRegistry::instance().search_path().front();
+  for (auto& r : PluginRegistry::instance().refusals())
+    EXPECT_NE(r.file.rfind(first_party_dir, 0), 0u) << r.file << ": " << r.reason;
+}
+
+TEST(Registry, SelectsByNameAndListsWhatIsAvailable) {
+  auto sel = PluginRegistry::instance().select(PluginKind::Strategy, "single");
+  EXPECT_EQ(sel.info->name, "single");
+  try {
+    PluginRegistry::instance().select(PluginKind::Strategy, "sngle");
+    FAIL() << "an unknown name must be refused";
+  } catch (const hasten::PluginError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("unknown strategy plugin 'sngle' (available: single"), std::string::npos) << m;
+    EXPECT_NE(m.find("did you mean 'single'"), std::string::npos) << m;
+  }
+}
+
+TEST(Registry, ValidPluginWithPresetByPathAndByDirectory) {
+  auto& reg = PluginRegistry::instance();
+  auto result = reg.inspect(test_plugin("valid", "libhasten-tracker-valid_tracker.so"));
+  ASSERT_TRUE(result.valid);
+  ASSERT_EQ(result.plugins.size(), 1u);
+  EXPECT_EQ(result.plugins[0].presets.at(0).name, "valid_tracker_fast");
+
+  reg.add_search_directories({std::string(HASTEN_TEST_PLUGIN_DIR) + "/valid"});
+  auto sel = reg.select(PluginKind::Tracker, "valid_tracker_fast");
+  EXPECT_EQ(sel.info->name, "valid_tracker");
+  EXPECT_EQ(sel.preset, "valid_tracker_fast");
+  EXPECT_EQ(sel.preset_options_json, "{\"fast\": true}");
+
+  auto by_path = reg.select(PluginKind::Tracker, test_plugin("valid", "libhasten-tracker-valid_tracker.so"));
+  EXPECT_EQ(by_path.info->name, "valid_tracker");
+}
+
+TEST(RegistryRefuses, AFileThatIsNotALibrary) {
+  EXPECT_NE(refusal_of("broken", "libhasten-tracker-not_a_library.so").find("not a loadable library"), std::string::npos);
+}
+
+TEST(RegistryRefuses, AMissingEntrySymbol) {
+  EXPECT_NE(refusal_of("broken", "libhasten-tracker-missing_entry.so").find("missing entry symbol hasten_plugin_entry_v1"),
+            std::string::npos);
+}
+
+TEST(RegistryRefuses, AnotherAbiMajor) {
+  EXPECT_NE(refusal_of("broken", "libhasten-tracker-wrong_major.so").find("built for plugin ABI major 2 only"),
+            std::string::npos);
+  EXPECT_NE(refusal_of("broken", "libhasten-tracker-descriptor_major.so").find("built for plugin ABI 2.0"),
+            std::string::npos);
+  EXPECT_NE(refusal_of("broken", "libhasten-tracker-small_struct.so").find("struct_size 8, smaller than ABI 1.0's"),
+            std::string::npos);
+}
+
+TEST(RegistryRefuses, ATorchFingerprintOfAnotherBuild) {
+  const std::string r = refusal_of("broken", "libhasten-strategy-fingerprint_mismatch.so");
+  EXPECT_NE(r.find("built against LibTorch 'torch=0.4.1;cxx11abi=0;device=cpu;stdlib=libstdc++', but this hasten "
+                   "was built against 'torch="),
+            std::string::npos)
+      << r;
+  EXPECT_NE(r.find("[strategy/no_fingerprint] strategy plugins are torch tier and must declare"), std::string::npos) << r;
+}
+
+TEST(RegistryRefuses, AMissingRequiredSlot) {
+  EXPECT_NE(refusal_of("broken", "libhasten-tracker-missing_slot.so").find("required slot 'log_scalars' is NULL"),
+            std::string::npos);
+}
+
+TEST(RegistryRefuses, AnEntryPointThatFails) {
+  EXPECT_NE(refusal_of("broken", "libhasten-tracker-entry_fails.so").find("entry failed on purpose: missing licence file"),
+            std::string::npos);
+}
+
+TEST(RegistryRefuses, DuplicateNames) {
+  auto& reg = PluginRegistry::instance();
+  reg.add_search_directories({std::string(HASTEN_TEST_PLUGIN_DIR) + "/duplicates"});
+  auto sel = reg.select(PluginKind::Tracker, "duplicate");
+  EXPECT_NE(sel.info->file.find("dup_a"), std::string::npos);
+  bool across = false, within = false;
+  for (auto& r : reg.refusals()) {
+    if (r.file.find("dup_b") != std::string::npos &&
+        r.reason.find("duplicate tracker name 'duplicate': already provided by") != std::string::npos &&
+        r.reason.find("dup_a") != std::string::npos)
+      across = true;
+    if (r.plugin == "tracker/twice" && r.reason.find("declares it twice") != std::string::npos) within = true;
+  }
+  EXPECT_TRUE(across);
+  EXPECT_TRUE(within);
+}
+
+TEST(RegistryRefuses, SelectingARefusedFileByPathSaysWhy) {
+  try {
+    PluginRegistry::instance().select(PluginKind::Tracker, test_plugin("broken", "libhasten-tracker-missing_slot.so"));
+    FAIL() << "a refused file must not be selectable";
+  } catch (const hasten::PluginError& e) {
+    EXPECT_NE(std::string(e.what()).find("was refused: required slot 'log_scalars' is NULL"), std::string::npos) << e.what();
+  }
+}
