@@ -239,14 +239,8 @@ int main(int argc, char** argv) {
   app.add_option("--gradient_accumulation_steps,--gradient-accumulation-steps", accum, "Micro-batches per step");
   app.add_option("--strategy", strategy, "Strategy plugin");
   app.add_option("--trackers", trackers, "Tracker plugins (e.g. csv jsonl)");
-  app.add_option_function<std::string>(
-      "--set", [&](const std::string& kv) {
-        const auto eq = kv.find('=');
-        if (eq == std::string::npos) throw CLI::ValidationError("--set", "expected KEY=VALUE, got " + kv);
-        a.options.set.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
-      },
-      "Any config key, KEY=VALUE (repeatable)")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  std::vector<std::string> sets;
+  app.add_option("--set", sets, "Any config key, KEY=VALUE (repeatable)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -254,6 +248,14 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::cerr << "hasten-example: error: " << e.what() << std::endl;
     return 2;
+  }
+  for (const auto& kv : sets) {
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos) {
+      std::cerr << "hasten-example: error: --set expects KEY=VALUE, got '" << kv << "'" << std::endl;
+      return 2;
+    }
+    a.options.set.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
   }
   if (!config_file.empty()) a.options.config_file = config_file;
   if (!mp.empty()) a.options.mixed_precision = mp;

@@ -7,7 +7,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <iostream>
+#include <sstream>
 #include <optional>
 #include <thread>
 
@@ -33,8 +37,23 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
+// The program as execvp would find it, or "" when it cannot run.
+std::string resolve_program(const std::string& name) {
+  auto runnable = [](const std::string& p) { return ::access(p.c_str(), X_OK) == 0 && !std::filesystem::is_directory(p); };
+  if (name.find('/') != std::string::npos) return runnable(name) ? name : "";
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "/usr/bin:/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (runnable(candidate)) return candidate;
+  }
+  return "";
+}
+
 int launch(const LaunchFlags& flags) {
   if (flags.command.empty()) return report_error("launch: no PROGRAM given (usage: hasten launch [flags] PROGRAM [ARGS...])");
+  if (!flags.dry_run && resolve_program(flags.command[0]).empty())
+    return report_error("launch: cannot run '" + flags.command[0] + "': not found or not executable");
   Options options;
   options.origin = "flag";
   if (!flags.config_file.empty()) options.config_file = flags.config_file;
@@ -97,7 +116,8 @@ int launch(const LaunchFlags& flags) {
 }  // namespace
 
 void add_launch_command(CLI::App& app, Action& action) {
-  auto* cmd = app.add_subcommand("launch", "Start this machine's workers of a training program");
+  auto* cmd = app.add_subcommand(
+      "launch", "Start this machine's workers of a training program: hasten launch [flags] PROGRAM [ARGS...]");
   auto flags = std::make_shared<LaunchFlags>();
   cmd->prefix_command();  // everything from PROGRAM on belongs to the program
   cmd->add_option("--config_file,--config-file", flags->config_file, "Config file (YAML, Accelerate keys accepted)");
@@ -136,7 +156,6 @@ void add_launch_command(CLI::App& app, Action& action) {
   cmd->add_option("--grace_period,--grace-period", flags->grace_s,
                   "Seconds between SIGTERM and SIGKILL when stopping workers")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("PROGRAM", flags->command, "Program and its arguments");
   cmd->callback([&action, flags, cmd] {
     for (auto& extra : cmd->remaining()) flags->command.push_back(extra);
     action = [flags] { return launch(*flags); };

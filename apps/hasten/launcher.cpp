@@ -294,8 +294,9 @@ int run_workers(const LaunchPlan& plan) {
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         if (failed && first_failure < 0 && !stopping) {
           first_failure = static_cast<int>(i);
-          std::cerr << "hasten launch: rank " << w.rank << " (pid " << w.pid << ") " << describe(status)
-                    << "; stopping the other workers" << std::endl;
+          if (plan.world_size > 1)  // with one worker its own output says what happened
+            std::cerr << "hasten launch: rank " << w.rank << " (pid " << w.pid << ") " << describe(status)
+                      << "; stopping the other workers" << std::endl;
           signal_all(workers, SIGTERM);
           begin_stop();
         }

@@ -742,7 +742,7 @@ std::vector<std::string> config_key_table() {
 
 std::string default_config_yaml(const std::string& mixed_precision) {
   const KeySpec* mp = find_spec("mixed_precision");
-  const std::string value = convert(*mp, mixed_precision, "--mixed_precision").get<std::string>();
+  const std::string value = convert(*mp, mixed_precision, "flag").get<std::string>();
   std::ostringstream out;
   out << "# hasten configuration (Accelerate-compatible keys); docs/config.md lists every key.\n"
       << "compute_environment: LOCAL_MACHINE\n"

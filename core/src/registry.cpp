@@ -231,7 +231,14 @@ LoadOutcome load_library(const std::string& file) {
   try {
     lib.load(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
-    return refuse(std::string("not a loadable library: ") + e.what());
+    // Boost wraps dlerror()'s text; the loader's own words are the useful part.
+    std::string why = e.what();
+    const std::string tag = "(dlerror system message: ";
+    if (const auto at = why.find(tag); at != std::string::npos) {
+      why = why.substr(at + tag.size());
+      if (const auto end = why.rfind("): "); end != std::string::npos) why = why.substr(0, end);
+    }
+    return refuse("not a loadable library: " + why);
   }
   if (!lib.has(HASTEN_PLUGIN_ENTRY_V1_SYMBOL)) {
     for (int major = 9; major >= 2; --major) {

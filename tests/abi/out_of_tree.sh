@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs hasten to a temporary prefix, builds two plugins against it out of tree (a tracker
+# in plain C, a strategy in C++), checks that `hasten plugins inspect` accepts both, and
+# trains with them through the installed hasten-example.
+set -euo pipefail
+build_dir=$1
+source_dir=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+prefix=$work/prefix
+cmake --install "$build_dir" --prefix "$prefix" >/dev/null
+launcher=()
+if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache); fi
+cmake -S "$source_dir/tests/abi/out_of_tree" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" >/dev/null
+cmake --build "$work/build" >/dev/null
+tracker=$work/build/libhasten-tracker-oot_c.so
+strategy=$work/build/libhasten-strategy-oot_cpp.so
+"$prefix/bin/hasten" plugins inspect "$tracker"
+"$prefix/bin/hasten" plugins inspect "$strategy"
+# The installed plugin directory is found from the installed library.
+"$prefix/bin/hasten" plugins | grep -q "$prefix/lib/hasten/plugins/libhasten-tracker-csv.so"
+export HASTEN_HOME=$work/home
+"$prefix/bin/hasten-example" --workload mlp-small --steps 6 --warmup 0 --log-every 1 \
+  --strategy "$strategy" --trackers "$tracker" \
+  --set "strategy_options={count_file: $work/steps.txt}" --set "logging_dir=$work/logs"
+test "$(cat "$work/steps.txt")" = "6" || { echo "strategy counted $(cat "$work/steps.txt") steps, expected 6"; exit 1; }
+lines=$(grep -c " loss=" "$work/logs/hasten-example/oot_tracker.log")
+test "$lines" = "6" || { echo "tracker logged $lines losses, expected 6"; exit 1; }
+echo "out-of-tree plugins: OK"

@@ -1,0 +1,74 @@
+"""Helpers for the integration tests: where the binaries and the PyTorch peer are, running
+commands with a deadline, and the checks every command-line error must pass."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+BIN = os.environ["HASTEN_TEST_BIN_DIR"]
+PEER_DIR = os.environ["HASTEN_TEST_PEER_DIR"]
+PYTHON = "/usr/bin/python3"
+
+
+def hasten(*args):
+    return [os.path.join(BIN, "hasten"), *args]
+
+
+def example(*args):
+    return [os.path.join(BIN, "hasten-example"), *args]
+
+
+def peer(*args):
+    return [PYTHON, os.path.join(PEER_DIR, "torch_peer.py"), *args]
+
+
+def run(cmd, timeout=300, env=None, check=False, cwd=None):
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
+    if check and p.returncode != 0:
+        fail(f"{' '.join(cmd)} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    return p
+
+
+def losses(cmd, env=None):
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "losses.json")
+        run(cmd + ["--losses-out", out], env=env, check=True)
+        with open(out) as f:
+            return json.load(f)["losses"]
+
+
+def max_abs_diff(a, b):
+    if len(a) != len(b):
+        fail(f"loss lists differ in length: {len(a)} vs {len(b)}")
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+def check_clean_failure(p, what, expect=None):
+    """A bad input: non-zero exit (not a signal), one clear error line, no crash text."""
+    problems = []
+    if p.returncode == 0:
+        problems.append("exited 0")
+    if p.returncode < 0 or p.returncode >= 128:
+        problems.append(f"died with status {p.returncode} (a signal)")
+    for bad in ("terminate called", "Aborted", "Segmentation fault", "core dumped", "what():"):
+        if bad in p.stderr or bad in p.stdout:
+            problems.append(f"output contains '{bad}'")
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    if len(lines) != 1:
+        problems.append(f"stderr has {len(lines)} lines, expected exactly one")
+    elif "error" not in lines[0]:
+        problems.append("the line does not say 'error'")
+    if expect and expect not in p.stderr:
+        problems.append(f"stderr does not mention '{expect}'")
+    if problems:
+        fail(f"{what}: " + "; ".join(problems) + f"\nstderr:\n{p.stderr}\nstdout:\n{p.stdout}")
+    print(f"ok: {what}: {lines[0]}")
+
+
+def fail(message):
+    print("FAIL: " + message, file=sys.stderr)
+    sys.exit(1)

@@ -1,0 +1,77 @@
+"""Every command-line error path: a non-zero exit, one clear error line, never an abort, a
+segfault or 'terminate called'. And the happy paths next to them."""
+import os
+import tempfile
+
+import harness as h
+
+with tempfile.TemporaryDirectory() as d:
+    env = {"HASTEN_HOME": os.path.join(d, "home")}
+    bad_yaml = os.path.join(d, "bad.yaml")
+    with open(bad_yaml, "w") as f:
+        f.write("mixed_precision: bf16\nnum_processes: [1, 2\n")
+    unknown_key = os.path.join(d, "unknown.yaml")
+    with open(unknown_key, "w") as f:
+        f.write("mixed_precison: bf16\n")
+    not_plugin = os.path.join(d, "libhasten-tracker-fake.so")
+    with open(not_plugin, "w") as f:
+        f.write("not a library\n")
+
+    cases = [
+        (h.hasten("frobnicate"), "unknown subcommand", "unknown command 'frobnicate'"),
+        (h.hasten("env", "--config_file", os.path.join(d, "missing.yaml")), "env with a missing file", "does not exist"),
+        (h.hasten("env", "--config_file", bad_yaml), "env with malformed YAML", "malformed YAML at line"),
+        (h.hasten("env", "--config_file", unknown_key), "env with an unknown key", "did you mean 'mixed_precision'"),
+        (h.hasten("plugins", "inspect", not_plugin), "inspect a text file", "not a loadable library"),
+        (h.hasten("plugins", "inspect", os.path.join(d, "nothing.so")), "inspect a missing file", "no such file"),
+        (h.hasten("plugins", "inspect", "/bin/true"), "inspect a program", "not a"),
+        (h.hasten("config", "default", "--config_file", os.path.join(d, "x.yaml"), "--mixed_precision", "fp8"),
+         "config default with a bad precision", "'fp8' is not allowed"),
+        (h.hasten("launch"), "launch without a program", "no PROGRAM"),
+        (h.hasten("launch", "--num_processes", "zero", "true"), "launch with a non-numeric count", "expected an integer"),
+        (h.hasten("launch", "--config_file", os.path.join(d, "missing.yaml"), "true"), "launch with a missing file",
+         "does not exist"),
+        (h.hasten("launch", "--mixed_precision", "fp64", "true"), "launch with a bad precision", "'fp64' is not allowed"),
+        (h.example("--workload", "mlp-huge"), "example with an unknown workload", None),
+        (h.example("--steps", "1", "--warmup", "0", "--mixed_precision", "fp16"), "fp16 on a CPU", "needs a CUDA device"),
+        (h.example("--steps", "1", "--warmup", "0", "--strategy", "sngle"), "an unknown strategy", "did you mean 'single'"),
+        (h.example("--steps", "1", "--warmup", "0", "--strategy", not_plugin), "a strategy file that is not a library",
+         "not a loadable library"),
+        (h.example("--steps", "1", "--warmup", "0", "--set", "gradient_accumulation_steps=0"), "accumulation of 0",
+         "out of range"),
+    ]
+    for cmd, what, expect in cases:
+        h.check_clean_failure(h.run(cmd, env=env), what, expect)
+
+    # Environment typos are errors too.
+    p = h.run(h.example("--steps", "1", "--warmup", "0"), env={**env, "HASTEN_MIXED_PRECISON": "bf16"})
+    h.check_clean_failure(p, "a misspelt environment variable", "did you mean 'HASTEN_MIXED_PRECISION'")
+
+    # `config default` writes a file that env accepts, and refuses to overwrite it.
+    target = os.path.join(d, "cfg", "default.yaml")
+    h.run(h.hasten("config", "default", "--config_file", target, "--mixed_precision", "bf16"), env=env, check=True)
+    p = h.run(h.hasten("env", "--config_file", target), env=env, check=True)
+    if '"mixed_precision": "bf16"' not in p.stdout or "BLAS:" not in p.stdout:
+        h.fail("hasten env does not show the written config or the BLAS:\n" + p.stdout)
+    h.check_clean_failure(h.run(h.hasten("config", "default", "--config_file", target), env=env),
+                          "config default over an existing file", "already exists")
+
+    # launch returns the program's exit status and passes the environment contract.
+    p = h.run(h.hasten("launch", "sh", "-c", "exit 3"), env=env)
+    if p.returncode != 3:
+        h.fail(f"launch returned {p.returncode} for a program that exited 3")
+    p = h.run(h.hasten("launch", "--mixed_precision", "bf16", "sh", "-c",
+                       'echo "$RANK $WORLD_SIZE $LOCAL_RANK $HASTEN_CONFIG_JSON"'), env=env, check=True)
+    if not p.stdout.startswith("0 1 0 ") or '"mixed_precision":"bf16"' not in p.stdout:
+        h.fail("launch did not pass RANK/WORLD_SIZE/LOCAL_RANK and the config:\n" + p.stdout)
+    p = h.run(h.hasten("launch", "--dry-run", "--num_processes", "2", "prog", "--flag"), env=env, check=True)
+    if "worker rank 1 (local rank 1)" not in p.stdout or "prog --flag" not in p.stdout:
+        h.fail("launch --dry-run did not print the plan:\n" + p.stdout)
+    # A program started under launch trains with the launched config.
+    p = h.run(h.hasten("launch", "--mixed_precision", "bf16", os.path.join(h.BIN, "hasten-example"), "--steps", "2",
+                       "--warmup", "0", "--json"), env=env, check=True)
+    if '"mode":"bf16"' not in p.stdout:
+        h.fail("the launched program did not see mixed_precision bf16:\n" + p.stdout)
+    h.check_clean_failure(h.run(h.hasten("launch", os.path.join(d, "no-such-program")), env=env),
+                          "launch of a missing program", "cannot run")
+print("cli errors: OK")
