@@ -17,8 +17,11 @@
 #include <cstring>
 #include <filesystem>
 
+#include "comm_instance.hpp"
 #include "communicator.hpp"
 #include "host_api.hpp"
+#include "plugin_communicator.hpp"
+#include "rendezvous.hpp"
 #include "precision_instance.hpp"
 #include "strategy_instance.hpp"
 #include "tracker_instance.hpp"
@@ -53,6 +56,15 @@ struct ActiveLoader {
   int64_t num_padding = 0;
 };
 
+std::string describe(const torch::Tensor& t) {
+  if (!t.defined()) return "(no tensor)";
+  std::string s = std::string(c10::toString(t.scalar_type())) + "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+hasten_reduce_op to_abi(ReduceOp op) { return static_cast<hasten_reduce_op>(static_cast<int>(op)); }
+
 hasten_reduce_op reduce_op(const std::string& op) {
   if (op == "sum" || op == "mean") return HASTEN_REDUCE_SUM;
   if (op == "max") return HASTEN_REDUCE_MAX;
@@ -62,13 +74,21 @@ hasten_reduce_op reduce_op(const std::string& op) {
 
 }  // namespace
 
+struct PendingWork {
+  WorkPtr work;
+  torch::Tensor keep_alive;  // the buffer must outlive the operation
+  int64_t timeout_ms = 0;
+};
+
 struct Engine::Impl {
   Config config;
   ProcessInfo process;
   torch::Device device{torch::kCPU};
   DLDevice dl_device{kDLCPU, 0};
   HostContext host;
+  std::unique_ptr<Store> store;
   std::unique_ptr<Communicator> comm;
+  int64_t collective_seq = 0;  // debug mode: the n-th tensor collective of this rank
   std::unique_ptr<StrategyInstance> strategy;
   std::unique_ptr<PrecisionInstance> precision;
   bool precision_autocast = false;
@@ -94,10 +114,37 @@ struct Engine::Impl {
 
   Communicator& communicator() { return *comm; }
 
-  // Tensor-level collectives over the communicator (CPU tensors).
+  // Tensor-level collectives over the communicator.
   void allreduce_(torch::Tensor& t, hasten_reduce_op op) {
     DLTensor view = sdk::dl_view(t);
     if (auto work = comm->allreduce(view, op, nullptr)) work->wait(0);
+  }
+
+  // Debug mode: before a collective, every rank publishes what it is about to do and checks
+  // that all ranks agree, so a mismatch is an error naming the ranks instead of a hang.
+  void check_collective(const std::string& op, const torch::Tensor& t) {
+    if (!config.debug || process.world_size == 1) return;
+    const int64_t n = collective_seq++;
+    const std::string mine = op + " " + describe(t);
+    const std::string key = "hasten/debug/" + std::to_string(n) + "/";
+    store->set(key + std::to_string(process.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    std::vector<std::string> differ;
+    std::string all;
+    for (int r = 0; r < process.world_size; ++r) {
+      std::string theirs;
+      try {
+        auto v = store->get(key + std::to_string(r), host.timeout_ms);
+        theirs.assign(v.begin(), v.end());
+      } catch (const Error&) {
+        throw UsageError("debug: rank " + std::to_string(r) + " did not reach collective #" + std::to_string(n) +
+                         " (rank " + std::to_string(process.rank) + " is in " + mine + ") within " +
+                         std::to_string(config.timeout_s) + " s");
+      }
+      all += (r ? "; " : "") + std::string("rank ") + std::to_string(r) + ": " + theirs;
+      if (theirs != mine) differ.push_back(std::to_string(r));
+    }
+    if (!differ.empty())
+      throw UsageError("debug: ranks disagree on collective #" + std::to_string(n) + " (" + all + ")");
   }
 };
 
@@ -117,13 +164,27 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
 
   s.host.process = s.process;
   s.host.timeout_ms = static_cast<int64_t>(s.config.timeout_s * 1000.0);
-  if (s.process.world_size > 1)
-    throw UsageError("this run has " + std::to_string(s.process.world_size) +
-                     " processes, but this hasten build has no multi-process communicator yet");
-  s.comm = make_local_communicator();
+  auto& registry = PluginRegistry::instance();
+  if (s.process.world_size > 1) {
+    s.store = rendezvous(s.process, s.host.timeout_ms);
+    s.host.store = s.store.get();
+    const std::string cpu_name = s.config.comm == "auto" ? "gloo" : s.config.comm;
+    auto cpu = std::make_unique<CommInstance>(registry.select(PluginKind::Comm, cpu_name), &s.host.api,
+                                              s.config.comm_options);
+    if (!cpu->supports_device(kDLCPU))
+      throw PluginError(cpu->label() + ": does not handle CPU buffers (config key comm selects the CPU backend)");
+    cpu->init(s.process.rank, s.process.world_size, s.host.timeout_ms, "hasten/comm/cpu/");
+    std::unique_ptr<CommInstance> gpu;
+    if (s.dl_device.device_type == kDLCUDA) {
+      gpu = std::make_unique<CommInstance>(registry.select(PluginKind::Comm, "nccl"), &s.host.api, "{}");
+      gpu->init(s.process.rank, s.process.world_size, s.host.timeout_ms, "hasten/comm/gpu/");
+    }
+    s.comm = make_plugin_communicator(s.process.rank, s.process.world_size, std::move(cpu), std::move(gpu));
+  } else {
+    s.comm = make_local_communicator();
+  }
   s.host.comm = s.comm.get();
 
-  auto& registry = PluginRegistry::instance();
   s.strategy = std::make_unique<StrategyInstance>(
       registry.select(PluginKind::Strategy, s.config.strategy), &s.host.api,
       s.config.strategy_options);
@@ -138,10 +199,15 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
 }
 
 Engine::~Engine() {
-  // Trackers flush in destroy(); plugins go before the communicator they may use.
+  // Trackers flush in destroy(); plugins go before the communicator they may use, and the
+  // communicator before the store it rendezvoused through.
   impl_->trackers.clear();
   impl_->precision.reset();
   impl_->strategy.reset();
+  impl_->host.comm = nullptr;
+  impl_->comm.reset();
+  impl_->host.store = nullptr;
+  impl_->store.reset();
 }
 
 const Config& Engine::config() const { return impl_->config; }
@@ -377,6 +443,7 @@ torch::Tensor Engine::gather(const torch::Tensor& tensor) {
   Impl& s = *impl_;
   torch::Tensor in = (tensor.dim() == 0 ? tensor.reshape({1}) : tensor).contiguous();
   if (s.process.world_size == 1) return in;
+  s.check_collective("gather", in);
   auto sizes = in.sizes().vec();
   sizes[0] *= s.process.world_size;
   torch::Tensor out = torch::empty(sizes, in.options());
@@ -408,6 +475,7 @@ torch::Tensor Engine::reduce(const torch::Tensor& tensor, const std::string& op)
   const hasten_reduce_op rop = reduce_op(op);
   torch::Tensor t = tensor.clone().contiguous();
   if (s.process.world_size == 1) return t;
+  s.check_collective("reduce(" + op + ")", t);
   s.allreduce_(t, rop);
   if (op == "mean") t = t / static_cast<double>(s.process.world_size);
   return t;
@@ -420,9 +488,56 @@ torch::Tensor Engine::broadcast(const torch::Tensor& tensor, int from) {
                      std::to_string(s.process.world_size) + ")");
   torch::Tensor t = tensor.clone().contiguous();
   if (s.process.world_size == 1) return t;
+  s.check_collective("broadcast(from " + std::to_string(from) + ")", t);
   DLTensor v = sdk::dl_view(t);
   if (auto work = s.comm->broadcast(v, from, nullptr)) work->wait(0);
   return t;
+}
+
+std::shared_ptr<PendingWork> Engine::all_reduce_(torch::Tensor& tensor, ReduceOp op) {
+  Impl& s = *impl_;
+  if (!tensor.is_contiguous()) throw UsageError("all_reduce_: the tensor must be contiguous");
+  auto pending = std::make_shared<PendingWork>();
+  pending->keep_alive = tensor;
+  if (s.process.world_size == 1) return pending;  // one rank: the reduction is the tensor
+  s.check_collective("all_reduce_", tensor);
+  DLTensor v = sdk::dl_view(tensor);
+  pending->work = s.comm->allreduce(v, to_abi(op), nullptr);
+  return pending;
+}
+
+torch::Tensor Engine::reduce_scatter(const torch::Tensor& tensor, ReduceOp op) {
+  Impl& s = *impl_;
+  const int64_t w = s.process.world_size;
+  if (tensor.dim() == 0 || tensor.size(0) % w != 0)
+    throw UsageError("reduce_scatter: dim 0 (" + (tensor.dim() ? std::to_string(tensor.size(0)) : std::string("scalar")) +
+                     ") must be a multiple of the " + std::to_string(w) + " processes");
+  torch::Tensor in = tensor.contiguous();
+  auto sizes = in.sizes().vec();
+  sizes[0] /= w;
+  torch::Tensor out = torch::empty(sizes, in.options());
+  if (w == 1) return out.copy_(in);
+  s.check_collective("reduce_scatter", in);
+  DLTensor a = sdk::dl_view(in), b = sdk::dl_view(out);
+  if (auto work = s.comm->reduce_scatter(a, b, to_abi(op), nullptr)) work->wait(0);
+  return out;
+}
+
+void Engine::broadcast_(torch::Tensor& tensor, int from) {
+  Impl& s = *impl_;
+  if (from < 0 || from >= s.process.world_size)
+    throw UsageError("broadcast_: from_process " + std::to_string(from) + " is out of range [0, " +
+                     std::to_string(s.process.world_size) + ")");
+  if (!tensor.is_contiguous()) throw UsageError("broadcast_: the tensor must be contiguous");
+  if (s.process.world_size == 1) return;
+  s.check_collective("broadcast_(from " + std::to_string(from) + ")", tensor);
+  DLTensor v = sdk::dl_view(tensor);
+  if (auto work = s.comm->broadcast(v, from, nullptr)) work->wait(0);
+}
+
+std::string Engine::backend_for(const torch::Device& device) const {
+  DLDevice d = sdk::dl_device(device);
+  return impl_->comm->backend_for(d);
 }
 
 std::string Engine::broadcast(const std::string& text, int from) {
@@ -457,7 +572,9 @@ torch::Tensor Engine::pad_across_processes(const torch::Tensor& tensor, int64_t 
 }
 
 void Engine::wait_for_everyone() {
-  if (impl_->process.world_size > 1) impl_->comm->barrier(nullptr);
+  if (impl_->process.world_size == 1) return;
+  impl_->check_collective("wait_for_everyone", torch::Tensor());
+  impl_->comm->barrier(nullptr);
 }
 
 void Engine::set_trigger() { impl_->trigger = true; }
@@ -506,6 +623,12 @@ void Engine::end_training() {
 }  // namespace hasten::detail
 
 namespace hasten {
+
+void Work::wait() {
+  if (pending_ && pending_->work) pending_->work->wait(pending_->timeout_ms);
+}
+
+bool Work::is_completed() { return !pending_ || !pending_->work || pending_->work->test(); }
 
 void Accelerator::init_trackers(const std::string& project, const Hparams& hparams) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();

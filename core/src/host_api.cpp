@@ -199,6 +199,8 @@ void host_work_free(const hasten_host_api*, hasten_work* work) noexcept {
   delete w;
 }
 
+const char* host_last_error(const hasten_host_api*) noexcept { return t_plugin_error.c_str(); }
+
 }  // namespace
 
 HostContext::HostContext() {
@@ -219,6 +221,7 @@ HostContext::HostContext() {
   api.barrier = &host_barrier;
   api.work_wait = &host_work_wait;
   api.work_free = &host_work_free;
+  api.last_error = &host_last_error;
 }
 
 const hasten_host_api* registry_host() {

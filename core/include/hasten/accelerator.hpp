@@ -124,6 +124,19 @@ std::shared_ptr<torch::nn::Module> module_ptr(const M& model) {
 
 }  // namespace detail
 
+// An asynchronous collective: wait() blocks until it completes and throws hasten::Error if
+// it failed (a dead or hung peer, a timeout).
+class Work {
+ public:
+  Work() = default;
+  explicit Work(std::shared_ptr<detail::PendingWork> pending) : pending_(std::move(pending)) {}
+  void wait();
+  bool is_completed();
+
+ private:
+  std::shared_ptr<detail::PendingWork> pending_;
+};
+
 // A model after prepare: call it like the module (autocast and the strategy's hooks wrap
 // the forward); `->` reaches the module's members.
 template <class M>
@@ -461,6 +474,19 @@ class Accelerator {
     return engine_->pad_across_processes(tensor, dim, pad_index, pad_first);
   }
   void wait_for_everyone() { engine_->wait_for_everyone(); }
+  // In-place collectives on contiguous tensors (CPU tensors go to the CPU comm backend,
+  // CUDA tensors to the GPU one). all_reduce_ returns at once; wait on the Work.
+  Work all_reduce_(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) {
+    return Work(engine_->all_reduce_(tensor, op));
+  }
+  // Every rank's reduction of its equal-sized input, scattered: rank r gets slice r of size
+  // numel / num_processes along dim 0.
+  torch::Tensor reduce_scatter(const torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) {
+    return engine_->reduce_scatter(tensor, op);
+  }
+  void broadcast_(torch::Tensor& tensor, int from_process = 0) { engine_->broadcast_(tensor, from_process); }
+  // The comm plugin that carries collectives of tensors on `device` ("gloo", "local"...).
+  std::string comm_backend(const torch::Device& device = torch::kCPU) const { return engine_->backend_for(device); }
   MainProcessFirst main_process_first() { return MainProcessFirst(engine_, is_main_process()); }
   // This process's contiguous share of items; the first size % N processes get one more.
   // With apply_padding every share has the same length (the last item repeats).

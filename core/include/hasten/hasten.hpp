@@ -5,6 +5,7 @@
 #include <hasten/config.hpp>
 #include <hasten/data.hpp>
 #include <hasten/error.hpp>
+#include <hasten/launch.hpp>
 #include <hasten/logging.hpp>
 #include <hasten/process.hpp>
 #include <hasten/version.hpp>

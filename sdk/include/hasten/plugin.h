@@ -201,6 +201,9 @@ struct hasten_host_api {
                              int64_t timeout_ms);
   /* Releases a host work item; waits for it first if it is still running. NULL is a no-op. */
   void (*work_free)(const hasten_host_api* host, hasten_work* work);
+  /* The message of the last host call that failed on this thread ("" if none). Borrowed:
+   * valid until the next host call on this thread. */
+  const char* (*last_error)(const hasten_host_api* host);
 };
 
 /* ------------------------------------------------------------------------------------------ */

@@ -17,6 +17,7 @@
 
 #include <hasten/plugin.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -90,6 +91,15 @@ inline hasten_process_info process_info(const hasten_host_api* host) {
   info.num_nodes = 1;
   if (host != nullptr && host->process_info != nullptr) host->process_info(host, &info);
   return info;
+}
+
+// Throws the host's message when a host call failed.
+inline void check(const hasten_host_api* host, hasten_status status, const char* what) {
+  if (status == HASTEN_OK) return;
+  std::string message = std::string(what) + " failed";
+  if (host != nullptr && host->struct_size > offsetof(hasten_host_api, last_error) && host->last_error)
+    message += ": " + std::string(host->last_error(host));
+  throw Error(status, message);
 }
 
 // Common base of every plugin instance: holds the host table (static, never owned).
@@ -391,12 +401,6 @@ inline DLTensor dl_view(const at::Tensor& t) {
   return v;
 }
 
-// Throws the host's message when a host call failed.
-inline void check(const hasten_host_api* host, hasten_status status, const char* what) {
-  (void)host;
-  if (status != HASTEN_OK)
-    throw Error(status, std::string(what) + " failed (status " + std::to_string(status) + ")");
-}
 
 class Strategy : public PluginBase {
  public:

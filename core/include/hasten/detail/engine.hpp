@@ -15,7 +15,13 @@
 #include <utility>
 #include <vector>
 
+namespace hasten {
+enum class ReduceOp { Sum = 0, Avg = 1, Min = 2, Max = 3 };
+}  // namespace hasten
+
 namespace hasten::detail {
+
+struct PendingWork;
 
 class Engine {
  public:
@@ -78,6 +84,10 @@ class Engine {
   torch::Tensor pad_across_processes(const torch::Tensor& tensor, int64_t dim, double pad_value,
                                      bool pad_first);
   void wait_for_everyone();
+  std::shared_ptr<PendingWork> all_reduce_(torch::Tensor& tensor, ReduceOp op);
+  torch::Tensor reduce_scatter(const torch::Tensor& tensor, ReduceOp op);
+  void broadcast_(torch::Tensor& tensor, int from);
+  std::string backend_for(const torch::Device& device) const;
   void set_trigger();
   bool check_trigger();
 

@@ -1,0 +1,428 @@
+// Comm plugin "gloo": collectives between the CPU processes of a run over raw Gloo (TCP),
+// after a rendezvous through the host's store. C tier: it links libgloo, not LibTorch.
+//
+// Every operation runs on one worker thread per communicator, in the order it was issued
+// (every rank issues the same order), and returns a work item at once. Each operation has
+// a Gloo timeout; a wait has its own. A peer that died surfaces as HASTEN_ERR_REMOTE, a peer
+// that hangs as HASTEN_ERR_TIMEOUT, each with a message, on every other rank.
+#include <hasten/plugin.hpp>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include <unistd.h>
+
+#include "reduce_kernels.hpp"
+
+namespace {
+
+using hasten::sdk::Error;
+using namespace std::chrono_literals;
+using ms = std::chrono::milliseconds;
+
+// Gloo's rendezvous store over the host's store.
+class HostStore final : public gloo::rendezvous::Store {
+ public:
+  HostStore(const hasten_host_api* host, int64_t timeout_ms) : host_(host), timeout_ms_(timeout_ms) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    check(host_->store_set(host_, key.c_str(), data.data(), data.size()), "store_set(" + key + ")");
+  }
+  std::vector<char> get(const std::string& key) override { return get(key, timeout_ms_); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, ms(timeout_ms_)); }
+  void wait(const std::vector<std::string>& keys, const ms& timeout) override {
+    for (auto& k : keys) get(k, timeout.count());
+  }
+
+ private:
+  std::vector<char> get(const std::string& key, int64_t timeout_ms) {
+    std::vector<char> buf(256);
+    size_t size = 0;
+    hasten_status st = host_->store_get(host_, key.c_str(), buf.data(), buf.size(), &size, timeout_ms);
+    if (st == HASTEN_ERR_INVALID_ARGUMENT && size > buf.size()) {
+      buf.resize(size);
+      st = host_->store_get(host_, key.c_str(), buf.data(), buf.size(), &size, timeout_ms);
+    }
+    check(st, "store_get(" + key + ")");
+    buf.resize(size);
+    return buf;
+  }
+  void check(hasten_status st, const std::string& what) const {
+    if (st != HASTEN_OK)
+      throw Error(st == HASTEN_ERR_UNSUPPORTED ? HASTEN_ERR_INVALID_USAGE : st,
+                  "gloo rendezvous: " + what + " failed (is a rank missing?)");
+  }
+  const hasten_host_api* host_;
+  int64_t timeout_ms_;
+};
+
+// One queued operation and its outcome.
+struct Work {
+  std::function<void()> run;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  hasten_status status = HASTEN_OK;
+  std::string message;
+};
+
+hasten_status classify(const std::string& what) {
+  if (what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos)
+    return HASTEN_ERR_TIMEOUT;
+  return HASTEN_ERR_REMOTE;
+}
+
+size_t elements(const DLTensor& t) {
+  size_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) n *= static_cast<size_t>(t.shape[i]);
+  return n;
+}
+size_t element_size(const DLTensor& t) { return (t.dtype.bits * t.dtype.lanes + 7) / 8; }
+char* data(const DLTensor& t) { return static_cast<char*>(t.data) + t.byte_offset; }
+
+void require_cpu_compact(const DLTensor& t, const char* op) {
+  if (t.device.device_type != kDLCPU)
+    throw Error(HASTEN_ERR_UNSUPPORTED, std::string("gloo ") + op + ": only CPU buffers (got device type " +
+                                            std::to_string(t.device.device_type) + ")");
+  if (t.strides != nullptr) {
+    int64_t expected = 1;
+    for (int i = t.ndim - 1; i >= 0; --i) {
+      if (t.shape[i] != 1 && t.strides[i] != expected)
+        throw Error(HASTEN_ERR_INVALID_ARGUMENT, std::string("gloo ") + op + ": buffers must be contiguous");
+      expected *= t.shape[i];
+    }
+  }
+}
+
+class GlooComm final : public hasten::sdk::Comm {
+ public:
+  GlooComm(const hasten_host_api* host, std::string_view options) : Comm(host) {
+    // Options: {"hostname": "..."} picks the interface other ranks reach this one on.
+    const std::string o(options);
+    const std::string key = "\"hostname\":\"";
+    if (const auto at = o.find(key); at != std::string::npos)
+      hostname_ = o.substr(at + key.size(), o.find('"', at + key.size()) - at - key.size());
+    else if (o != "{}" && o != "null")
+      throw Error(HASTEN_ERR_INVALID_ARGUMENT, "gloo options: unknown key in " + o + " (allowed: hostname)");
+  }
+
+  ~GlooComm() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  void init(const hasten_comm_init& init) override {
+    rank_ = init.rank;
+    world_ = init.world_size;
+    timeout_ = ms(init.timeout_ms > 0 ? init.timeout_ms : 1800000);
+    const auto info = hasten::sdk::process_info(host());
+    gloo::transport::tcp::attr attr;
+    // One machine: loopback. Several: this machine's hostname, unless the options say.
+    attr.hostname = !hostname_.empty() ? hostname_ : info.num_nodes <= 1 ? "127.0.0.1" : "";
+    if (attr.hostname.empty()) {
+      char name[256] = {0};
+      ::gethostname(name, sizeof name - 1);
+      attr.hostname = name;
+    }
+    try {
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+      store_ = std::make_unique<HostStore>(host(), timeout_.count());
+      prefix_store_ = std::make_unique<gloo::rendezvous::PrefixStore>(init.store_prefix ? init.store_prefix : "gloo/",
+                                                                       *store_);
+      auto context = std::make_shared<gloo::rendezvous::Context>(rank_, world_);
+      context->setTimeout(timeout_);
+      context->connectFullMesh(*prefix_store_, device_);
+      context_ = context;
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error(HASTEN_ERR_REMOTE, std::string("gloo: connecting the ranks failed: ") + e.what());
+    }
+    worker_ = std::thread([this] { loop(); });
+  }
+
+  bool supports_device(int32_t device_type) override { return device_type == kDLCPU; }
+
+  hasten_work* allreduce(DLTensor& buffer, hasten_reduce_op op, const hasten_coll_options* options) override {
+    require_cpu_compact(buffer, "allreduce");
+    const auto kernel = hasten::comm::reduce_kernel(buffer.dtype, op);  // validates dtype and op
+    const size_t n = elements(buffer), es = element_size(buffer);
+    char* ptr = data(buffer);
+    const ms timeout = timeout_of(options);
+    const DLDataType dtype = buffer.dtype;
+    const int world = world_;
+    return submit([=] {
+      if (n == 0 || world == 1) {
+        if (op == HASTEN_REDUCE_AVG) hasten::comm::divide(ptr, n, dtype, world);
+        return;
+      }
+      gloo::AllreduceOptions o(context_);
+      set_buffer(o, ptr, n, es);
+      o.setReduceFunction(kernel);
+      o.setTag(next_tag());
+      o.setTimeout(timeout);
+      gloo::allreduce(o);
+      if (op == HASTEN_REDUCE_AVG) hasten::comm::divide(ptr, n, dtype, world);
+    });
+  }
+
+  hasten_work* allgather(const DLTensor& input, DLTensor& output, const hasten_coll_options* options) override {
+    require_cpu_compact(input, "allgather");
+    require_cpu_compact(output, "allgather");
+    const size_t in_bytes = elements(input) * element_size(input);
+    if (elements(output) * element_size(output) != in_bytes * static_cast<size_t>(world_))
+      throw Error(HASTEN_ERR_INVALID_ARGUMENT, "gloo allgather: output holds " +
+                                                   std::to_string(elements(output) * element_size(output)) +
+                                                   " bytes, expected world_size x input = " +
+                                                   std::to_string(in_bytes * static_cast<size_t>(world_)));
+    char* in = data(input);
+    char* out = data(output);
+    const ms timeout = timeout_of(options);
+    return submit([=] {
+      if (in_bytes == 0) return;
+      gloo::AllgatherOptions o(context_);
+      o.setInput<uint8_t>(reinterpret_cast<uint8_t*>(in), in_bytes);
+      o.setOutput<uint8_t>(reinterpret_cast<uint8_t*>(out), in_bytes * static_cast<size_t>(world_));
+      o.setTag(next_tag());
+      o.setTimeout(timeout);
+      gloo::allgather(o);
+    });
+  }
+
+  hasten_work* reduce_scatter(const DLTensor& input, DLTensor& output, hasten_reduce_op op,
+                              const hasten_coll_options* options) override {
+    require_cpu_compact(input, "reduce_scatter");
+    require_cpu_compact(output, "reduce_scatter");
+    const auto kernel = hasten::comm::reduce_kernel(input.dtype, op);
+    const size_t n = elements(input), es = element_size(input);
+    if (n % static_cast<size_t>(world_) != 0 || elements(output) * static_cast<size_t>(world_) != n)
+      throw Error(HASTEN_ERR_INVALID_ARGUMENT,
+                  "gloo reduce_scatter: input of " + std::to_string(n) + " elements must be world_size (" +
+                      std::to_string(world_) + ") x output (" + std::to_string(elements(output)) + ")");
+    const char* in = data(input);
+    char* out = data(output);
+    const ms timeout = timeout_of(options);
+    const DLDataType dtype = input.dtype;
+    return submit([=] { ring_reduce_scatter(in, out, n / static_cast<size_t>(world_), es, kernel, op, dtype, timeout); });
+  }
+
+  hasten_work* broadcast(DLTensor& buffer, int32_t root, const hasten_coll_options* options) override {
+    require_cpu_compact(buffer, "broadcast");
+    if (root < 0 || root >= world_)
+      throw Error(HASTEN_ERR_INVALID_ARGUMENT,
+                  "gloo broadcast: root " + std::to_string(root) + " outside [0, " + std::to_string(world_) + ")");
+    const size_t bytes = elements(buffer) * element_size(buffer);
+    char* ptr = data(buffer);
+    const ms timeout = timeout_of(options);
+    return submit([=] {
+      if (bytes == 0 || world_ == 1) return;
+      gloo::BroadcastOptions o(context_);
+      o.setRoot(root);
+      o.setOutput<uint8_t>(reinterpret_cast<uint8_t*>(ptr), bytes);
+      o.setTag(next_tag());
+      o.setTimeout(timeout);
+      gloo::broadcast(o);
+    });
+  }
+
+  hasten_work* barrier(const hasten_coll_options* options) override {
+    const ms timeout = timeout_of(options);
+    return submit([=] {
+      if (world_ == 1) return;
+      gloo::BarrierOptions o(context_);
+      o.setTag(next_tag());
+      o.setTimeout(timeout);
+      gloo::barrier(o);
+    });
+  }
+
+  void wait(hasten_work* handle, int64_t timeout_ms) override {
+    Work* w = reinterpret_cast<Work*>(handle);
+    const ms timeout = timeout_ms > 0 ? ms(timeout_ms) : timeout_ + 5s;  // the op's own timeout fires first
+    std::unique_lock<std::mutex> lock(w->mutex);
+    if (!w->cv.wait_for(lock, timeout, [&] { return w->done; }))
+      throw Error(HASTEN_ERR_TIMEOUT, "gloo: collective did not complete within " +
+                                          std::to_string(timeout.count() / 1000.0) + " s (a peer may be hung)");
+    if (w->status != HASTEN_OK) throw Error(w->status, w->message);
+  }
+
+  bool test(hasten_work* handle) override {
+    Work* w = reinterpret_cast<Work*>(handle);
+    std::lock_guard<std::mutex> lock(w->mutex);
+    if (w->done && w->status != HASTEN_OK) throw Error(w->status, w->message);
+    return w->done;
+  }
+
+  void free_work(hasten_work* handle) noexcept override {
+    Work* w = reinterpret_cast<Work*>(handle);
+    if (w == nullptr) return;
+    {
+      // The worker may still be running it: buffers and this item must outlive the op.
+      std::unique_lock<std::mutex> lock(w->mutex);
+      w->cv.wait(lock, [&] { return w->done; });
+    }
+    delete w;
+  }
+
+  void abort() noexcept override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    aborted_ = true;
+  }
+
+ private:
+  template <class Options>
+  static void set_buffer(Options& o, char* ptr, size_t n, size_t es) {
+    switch (es) {
+      case 1: o.template setOutput<uint8_t>(reinterpret_cast<uint8_t*>(ptr), n); break;
+      case 2: o.template setOutput<uint16_t>(reinterpret_cast<uint16_t*>(ptr), n); break;
+      case 4: o.template setOutput<uint32_t>(reinterpret_cast<uint32_t*>(ptr), n); break;
+      default: o.template setOutput<uint64_t>(reinterpret_cast<uint64_t*>(ptr), n); break;
+    }
+  }
+
+  ms timeout_of(const hasten_coll_options* o) const {
+    return o != nullptr && o->timeout_ms > 0 ? ms(o->timeout_ms) : timeout_;
+  }
+  uint32_t next_tag() { return tag_++; }
+
+  // Ring reduce-scatter: W-1 steps; at step s rank r sends its partial sum of chunk
+  // (r-s-1) mod W to the right neighbour and adds the left neighbour's partial sum of chunk
+  // (r-s-2) mod W to its own. After the last step chunk r holds every rank's contribution.
+  void ring_reduce_scatter(const char* in, char* out, size_t chunk, size_t es,
+                           const hasten::comm::ReduceFn& kernel, hasten_reduce_op op, DLDataType dtype, ms timeout) {
+    const size_t chunk_bytes = chunk * es;
+    const int w = world_, r = rank_;
+    if (scratch_.size() < chunk_bytes * static_cast<size_t>(w + 1)) scratch_.resize(chunk_bytes * static_cast<size_t>(w + 1));
+    char* acc = scratch_.data();
+    char* incoming = acc + chunk_bytes * static_cast<size_t>(w);
+    std::memcpy(acc, in, chunk_bytes * static_cast<size_t>(w));
+    if (w > 1 && chunk > 0) {
+      const uint32_t tag = next_tag();
+      const int right = (r + 1) % w, left = (r - 1 + w) % w;
+      auto send_buf = context_->createUnboundBuffer(acc, chunk_bytes * static_cast<size_t>(w));
+      auto recv_buf = context_->createUnboundBuffer(incoming, chunk_bytes);
+      for (int s = 0; s < w - 1; ++s) {
+        const auto slot = gloo::Slot::build(0x5c, tag) + static_cast<uint8_t>(s);
+        const size_t send_chunk = static_cast<size_t>((r - s - 1 + 2 * w) % w);
+        const size_t recv_chunk = static_cast<size_t>((r - s - 2 + 2 * w) % w);
+        send_buf->send(right, slot, send_chunk * chunk_bytes, chunk_bytes);
+        recv_buf->recv(left, slot, 0, chunk_bytes);
+        if (!recv_buf->waitRecv(timeout) || !send_buf->waitSend(timeout))
+          throw gloo::IoException("reduce_scatter aborted");
+        char* target = acc + recv_chunk * chunk_bytes;
+        kernel(target, target, incoming, chunk);
+      }
+    }
+    std::memcpy(out, acc + static_cast<size_t>(r) * chunk_bytes, chunk_bytes);
+    if (op == HASTEN_REDUCE_AVG) hasten::comm::divide(out, chunk, dtype, w);
+  }
+
+  hasten_work* submit(std::function<void()> run) {
+    auto* w = new Work();
+    w->run = std::move(run);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!context_) {
+        delete w;
+        throw Error(HASTEN_ERR_INVALID_USAGE, "gloo: collective before init");
+      }
+      queue_.push_back(w);
+    }
+    cv_.notify_one();
+    return reinterpret_cast<hasten_work*>(w);
+  }
+
+  void loop() {
+    for (;;) {
+      Work* w = nullptr;
+      bool aborted = false;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        w = queue_.front();
+        queue_.pop_front();
+        aborted = aborted_ || broken_;
+      }
+      hasten_status status = HASTEN_OK;
+      std::string message;
+      if (aborted) {
+        status = HASTEN_ERR_REMOTE;
+        message = "gloo: communicator aborted after an earlier failure: " + first_error_;
+      } else {
+        try {
+          w->run();
+        } catch (const Error& e) {
+          status = e.status();
+          message = e.what();
+        } catch (const std::exception& e) {
+          std::string what = e.what();
+          status = classify(what);
+          message = std::string("gloo: rank ") + std::to_string(rank_) +
+                    (status == HASTEN_ERR_TIMEOUT ? ": collective timed out (a peer is hung or gone): "
+                                                  : ": a peer failed or closed its connection: ") +
+                    what.substr(0, what.find('\n'));
+        }
+        if (status != HASTEN_OK) {
+          // The ranks are out of step now: fail everything that follows, promptly.
+          std::lock_guard<std::mutex> lock(mutex_);
+          broken_ = true;
+          first_error_ = message;
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(w->mutex);
+        w->status = status;
+        w->message = std::move(message);
+        w->done = true;
+        w->run = nullptr;
+      }
+      w->cv.notify_all();
+    }
+  }
+
+  std::string hostname_;
+  int rank_ = 0, world_ = 1;
+  ms timeout_{1800000};
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::unique_ptr<HostStore> store_;
+  std::unique_ptr<gloo::rendezvous::PrefixStore> prefix_store_;
+  std::shared_ptr<gloo::Context> context_;
+  uint32_t tag_ = 0;
+  std::vector<char> scratch_;  // reduce-scatter workspace, grown once and reused
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Work*> queue_;
+  bool stopping_ = false;
+  bool aborted_ = false;
+  bool broken_ = false;
+  std::string first_error_;
+  std::thread worker_;
+};
+
+constexpr hasten_plugin_descriptor kGloo = hasten::sdk::comm_descriptor<GlooComm>(
+    "gloo", "1.0", "CPU collectives over Gloo's TCP transport, any number of machines");
+
+}  // namespace
+
+HASTEN_PLUGIN_LIBRARY(&kGloo)

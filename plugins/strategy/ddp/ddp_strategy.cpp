@@ -1,0 +1,331 @@
+// Strategy "ddp": data parallel training, gradients averaged across every rank.
+//
+// At prepare, rank 0's parameters (and buffers) are broadcast, and each parameter's gradient
+// is made a view into a flat bucket buffer (buckets of bucket_cap_mb, the first of 1 MB, in
+// reverse registration order, which is roughly the order backward produces them). During
+// backward a post-hook on each parameter's AccumulateGrad node counts down its bucket; a
+// bucket whose gradients are all in is averaged with an asynchronous allreduce while backward
+// goes on. Buckets are launched in index order on every rank (a ready bucket waits for its
+// predecessors), so every rank issues the same collectives in the same order whatever order
+// autograd finishes in. after_backward launches what is left (buckets with parameters this
+// backward did not use) and waits for everything. No tensor is allocated per step.
+#include <hasten/plugin.hpp>
+#include <hasten/torch_compat.hpp>
+
+#include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+
+namespace {
+
+using hasten::sdk::Error;
+
+struct Options {
+  double bucket_cap_mb = 25.0;
+  double first_bucket_cap_mb = 1.0;
+  bool find_unused_parameters = false;
+  bool broadcast_buffers = true;
+};
+
+Options parse_options(std::string_view text) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw Error(HASTEN_ERR_INVALID_ARGUMENT, "ddp options are not a JSON object");
+  Options o;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    const auto& v = it.value();
+    auto number = [&] {
+      if (!v.is_number() || v.get<double>() <= 0)
+        throw Error(HASTEN_ERR_INVALID_ARGUMENT, "strategy_options." + k + ": expected a positive number, got " + v.dump());
+      return v.get<double>();
+    };
+    auto boolean = [&] {
+      if (!v.is_boolean())
+        throw Error(HASTEN_ERR_INVALID_ARGUMENT, "strategy_options." + k + ": expected true or false, got " + v.dump());
+      return v.get<bool>();
+    };
+    if (k == "bucket_cap_mb") o.bucket_cap_mb = number();
+    else if (k == "first_bucket_cap_mb") o.first_bucket_cap_mb = number();
+    else if (k == "find_unused_parameters") o.find_unused_parameters = boolean();
+    else if (k == "broadcast_buffers") o.broadcast_buffers = boolean();
+    // Accelerate's DistributedDataParallelKwargs that describe what hasten always does.
+    else if (k == "gradient_as_bucket_view" || k == "static_graph" || k == "check_reduction") boolean();
+    else if (k == "dim") {
+      if (!v.is_number_integer() || v.get<int>() != 0)
+        throw Error(HASTEN_ERR_UNSUPPORTED, "strategy_options.dim: only 0 is supported, got " + v.dump());
+    } else if (k == "comm_hook" || k == "comm_wrapper") {
+      if (!v.is_string() || v.get<std::string>() != "no")
+        throw Error(HASTEN_ERR_UNSUPPORTED, "strategy_options." + k + ": only \"no\" is supported, got " + v.dump());
+    } else
+      throw Error(HASTEN_ERR_INVALID_ARGUMENT,
+                  "strategy_options: unknown key '" + k + "' for ddp (allowed: bucket_cap_mb, first_bucket_cap_mb, "
+                  "find_unused_parameters, broadcast_buffers, gradient_as_bucket_view, static_graph, "
+                  "check_reduction, dim, comm_hook, comm_wrapper)");
+  }
+  return o;
+}
+
+// A tensor that shares `flat`'s storage at `offset` with `shape`: built with set_, not as an
+// autograd view, so optimizers can detach_() and zero it in place.
+torch::Tensor alias(const torch::Tensor& flat, int64_t offset, at::IntArrayRef shape) {
+  torch::NoGradGuard no_grad;
+  auto t = torch::empty({0}, flat.options());
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i)
+    strides[static_cast<size_t>(i)] = strides[static_cast<size_t>(i + 1)] * shape[static_cast<size_t>(i + 1)];
+  t.set_(flat.storage(), flat.storage_offset() + offset, shape, strides);
+  return t;
+}
+
+struct Bucket {
+  torch::Tensor flat;
+  std::vector<size_t> params;
+  std::vector<int64_t> offsets;
+  int64_t shape[1] = {0};
+  DLTensor view{};
+  int pending = 0;
+  bool ready = false;
+  hasten_work* work = nullptr;
+};
+
+struct Hooked {
+  std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive: params hold it weakly
+  uintptr_t key = 0;
+};
+
+struct Model {
+  torch::nn::Module* module = nullptr;
+  std::vector<torch::Tensor> params;   // those that require grad
+  std::vector<size_t> bucket_of;
+  std::vector<Bucket> buckets;
+  std::vector<Hooked> hooks;
+  bool sync = true;
+  bool touched = false;  // some gradient arrived during this backward
+  size_t next = 0;       // the next bucket to launch
+  std::mutex mutex;
+};
+
+class DdpStrategy final : public hasten::sdk::Strategy {
+ public:
+  DdpStrategy(const hasten_host_api* host, std::string_view options)
+      : Strategy(host), options_(parse_options(options)), world_(hasten::sdk::process_info(host).world_size) {}
+
+  ~DdpStrategy() override {
+    for (auto& m : models_)
+      for (auto& h : m->hooks) h.accumulator->del_post_hook(h.key);
+    for (auto& m : models_)
+      for (auto& b : m->buckets) release(b);
+  }
+
+  void prepare_model(torch::nn::Module& module, const hasten_model_info& info) override {
+    const torch::Device device = info.device.device_type == kDLCUDA
+                                     ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(info.device.device_id))
+                                     : torch::Device(torch::kCPU);
+    module.to(device);
+    auto model = std::make_unique<Model>();
+    model->module = &module;
+    for (auto& p : module.parameters())
+      if (p.requires_grad()) model->params.push_back(p);
+    broadcast_state(module, options_.broadcast_buffers);
+    build_buckets(*model);
+    const size_t index = models_.size();
+    for (size_t i = 0; i < model->params.size(); ++i) {
+      auto acc = torch::autograd::impl::grad_accumulator(model->params[i]);
+      if (!acc) throw Error(HASTEN_ERR_INVALID_ARGUMENT, "ddp: a parameter that requires grad is not a leaf");
+      const uintptr_t key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, index, i](const std::vector<torch::Tensor>& outputs, const std::vector<torch::Tensor>&) {
+            grad_ready(index, i);
+            return outputs;
+          }));
+      model->hooks.push_back({acc, key});
+    }
+    models_.push_back(std::move(model));
+  }
+
+  void set_gradient_sync(torch::nn::Module& module, bool enabled) override { find(module).sync = enabled; }
+
+  void before_backward() override {
+    for (auto& m : models_) {
+      attach_gradients(*m);
+      std::lock_guard<std::mutex> lock(m->mutex);
+      m->touched = false;
+      m->next = 0;
+      for (auto& b : m->buckets) {
+        b.pending = static_cast<int>(b.params.size());
+        b.ready = false;
+      }
+    }
+    in_backward_.store(true);
+  }
+
+  void after_backward() override {
+    in_backward_.store(false);
+    for (auto& m : models_) {
+      if (!m->sync || !m->touched) continue;
+      {
+        // Buckets whose parameters this backward did not use: launch them now, in order.
+        std::lock_guard<std::mutex> lock(m->mutex);
+        for (auto& b : m->buckets) b.ready = true;
+        launch_ready(*m);
+      }
+      for (auto& b : m->buckets) finish(b);
+    }
+  }
+
+  void after_optimizer_step(torch::optim::Optimizer&) override {
+    if (!options_.broadcast_buffers || world_ == 1) return;
+    for (auto& m : models_)
+      if (!m->module->buffers().empty()) broadcast_tensors(m->module->buffers());
+  }
+
+ private:
+  Model& find(torch::nn::Module& module) {
+    for (auto& m : models_)
+      if (m->module == &module) return *m;
+    throw Error(HASTEN_ERR_INVALID_USAGE, "ddp: this model was not prepared");
+  }
+
+  // Every rank starts from rank 0's weights.
+  void broadcast_state(torch::nn::Module& module, bool buffers) {
+    if (world_ == 1) return;
+    broadcast_tensors(module.parameters());
+    if (buffers && !module.buffers().empty()) broadcast_tensors(module.buffers());
+  }
+
+  void broadcast_tensors(const std::vector<torch::Tensor>& tensors) {
+    torch::NoGradGuard no_grad;
+    // One flat buffer per (dtype, device), in a deterministic order (the same on every rank).
+    std::map<std::string, std::vector<torch::Tensor>> groups;
+    for (auto& t : tensors) groups[std::string(c10::toString(t.scalar_type())) + "@" + t.device().str()].push_back(t);
+    for (auto& [key, group] : groups) {
+      std::vector<torch::Tensor> flat_parts;
+      for (auto& t : group) flat_parts.push_back(t.reshape(-1));
+      torch::Tensor flat = torch::cat(flat_parts);
+      DLTensor v = hasten::sdk::dl_view(flat);
+      run(host()->broadcast(host(), &v, 0, nullptr, nullptr), "broadcast of rank 0's weights");
+      int64_t offset = 0;
+      for (auto& t : group) {
+        t.copy_(flat.narrow(0, offset, t.numel()).view_as(t));
+        offset += t.numel();
+      }
+    }
+  }
+
+  void build_buckets(Model& m) {
+    m.bucket_of.assign(m.params.size(), 0);
+    // Reverse registration order; one dtype and device per bucket.
+    std::vector<size_t> order(m.params.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
+    const double mb = 1024.0 * 1024.0;
+    std::vector<Bucket> buckets;
+    int64_t bytes = 0;
+    auto cap = [&] { return static_cast<int64_t>((buckets.size() <= 1 ? options_.first_bucket_cap_mb : options_.bucket_cap_mb) * mb); };
+    for (size_t i : order) {
+      const auto& p = m.params[i];
+      const bool fits = !buckets.empty() &&
+                        m.params[buckets.back().params.front()].scalar_type() == p.scalar_type() &&
+                        m.params[buckets.back().params.front()].device() == p.device() &&
+                        bytes + static_cast<int64_t>(p.numel() * p.element_size()) <= cap();
+      if (!fits) {
+        buckets.emplace_back();
+        bytes = 0;
+      }
+      buckets.back().params.push_back(i);
+      bytes += static_cast<int64_t>(p.numel() * p.element_size());
+    }
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      Bucket& bucket = buckets[b];
+      int64_t numel = 0;
+      for (size_t i : bucket.params) {
+        bucket.offsets.push_back(numel);
+        numel += m.params[i].numel();
+        m.bucket_of[i] = b;
+      }
+      const auto& first = m.params[bucket.params.front()];
+      bucket.flat = torch::zeros({numel}, first.options().requires_grad(false));
+      bucket.shape[0] = numel;
+      bucket.view = hasten::sdk::dl_view(bucket.flat);
+      bucket.view.shape = bucket.shape;
+    }
+    m.buckets = std::move(buckets);
+    attach_gradients(m);
+  }
+
+  // Points every parameter's .grad into its bucket (again, if something replaced it: a
+  // zero_grad that set it to None, a user assignment), keeping its current values.
+  void attach_gradients(Model& m) {
+    for (size_t b = 0; b < m.buckets.size(); ++b) {
+      Bucket& bucket = m.buckets[b];
+      for (size_t k = 0; k < bucket.params.size(); ++k) {
+        auto& p = m.params[bucket.params[k]];
+        char* expected = static_cast<char*>(bucket.flat.data_ptr()) + bucket.offsets[k] * bucket.flat.element_size();
+        const auto& g = p.grad();
+        if (g.defined() && g.data_ptr() == expected && g.sizes() == p.sizes()) continue;
+        torch::Tensor view = alias(bucket.flat, bucket.offsets[k], p.sizes());
+        torch::NoGradGuard no_grad;
+        if (g.defined())
+          view.copy_(g);
+        else
+          view.zero_();
+        p.mutable_grad() = view;
+      }
+    }
+  }
+
+  // Called on an autograd thread once a parameter's gradient is accumulated.
+  void grad_ready(size_t model, size_t param) {
+    if (!in_backward_.load()) return;  // a backward not run through Accelerator::backward
+    Model& m = *models_[model];
+    if (!m.sync) return;
+    std::lock_guard<std::mutex> lock(m.mutex);
+    m.touched = true;
+    Bucket& b = m.buckets[m.bucket_of[param]];
+    if (--b.pending == 0) {
+      b.ready = true;
+      launch_ready(m);
+    }
+  }
+
+  // Launches ready buckets in index order (caller holds m.mutex).
+  void launch_ready(Model& m) {
+    while (m.next < m.buckets.size() && m.buckets[m.next].ready) {
+      Bucket& b = m.buckets[m.next++];
+      if (world_ == 1) continue;
+      b.flat.div_(world_);  // average as PyTorch DDP does: divide, then sum
+      run(host()->allreduce(host(), &b.view, HASTEN_REDUCE_SUM, nullptr, &b.work), "gradient allreduce");
+    }
+  }
+
+  void finish(Bucket& b) {
+    if (b.work == nullptr) return;
+    hasten_work* w = b.work;
+    b.work = nullptr;
+    const hasten_status st = host()->work_wait(host(), w, 0);
+    std::string message = st != HASTEN_OK && host()->last_error ? host()->last_error(host()) : "";
+    host()->work_free(host(), w);
+    if (st != HASTEN_OK) throw Error(st, "ddp: gradient allreduce failed: " + message);
+  }
+
+  void release(Bucket& b) noexcept {
+    if (b.work != nullptr) host()->work_free(host(), b.work);
+    b.work = nullptr;
+  }
+
+  void run(hasten_status st, const char* what) { hasten::sdk::check(host(), st, what); }
+
+  Options options_;
+  int world_;
+  std::atomic<bool> in_backward_{false};
+  std::vector<std::unique_ptr<Model>> models_;
+};
+
+constexpr hasten_plugin_descriptor kDdp = hasten::sdk::strategy_descriptor<DdpStrategy>(
+    "ddp", "1.0", "data parallel: bucketed gradient allreduce overlapped with backward");
+
+}  // namespace
+
+HASTEN_PLUGIN_LIBRARY(&kDdp)
