@@ -660,11 +660,14 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
       c.strategy = "zero";
     else {
       c.strategy = "single";
-      // A program started with WORLD_SIZE > 1 and no say in the matter trains
-      // data-parallel, as Accelerate does.
-      auto ws = env.find("WORLD_SIZE");
-      if (!was_set("distributed_type") && ws != env.end() && std::atoi(ws->second.c_str()) > 1)
-        c.strategy = "ddp";
+      // A program started as several processes (hasten launch, torchrun, srun, mpirun) with
+      // no say in the matter trains data-parallel, as Accelerate does.
+      int world = 1;
+      try {
+        world = detect_process_info(env).world_size;
+      } catch (const ConfigError&) {  // reported where the run starts
+      }
+      if (!was_set("distributed_type") && world > 1) c.strategy = "ddp";
     }
   }
   // Accelerate's nested options become the strategy's options (strategy_options win).

@@ -159,7 +159,11 @@ TEST(Config, SeveralProcessesWithoutConfigUseDdp) {
   hasten::test::TempDir dir;
   Environment env = clean_env(dir.path());
   env["WORLD_SIZE"] = "2";
+  env["RANK"] = "1";
   EXPECT_EQ(hasten::resolve_config({}, env).strategy, "ddp");
+  Environment slurm = clean_env(dir.path());  // srun: no WORLD_SIZE at all
+  slurm.insert({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"}});
+  EXPECT_EQ(hasten::resolve_config({}, slurm).strategy, "ddp");
   Options o;
   o.strategy = "single";
   EXPECT_EQ(hasten::resolve_config(o, env).strategy, "single");
