@@ -45,7 +45,11 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # The same program under torchrun (flags that dodge Debian's Python 3.11 redirects bug).
     out = os.path.join(tmp, "torchrun.json")
+    with socket.socket() as s:  # not torchrun's default 29500: other tests may hold it
+        s.bind(("127.0.0.1", 0))
+        torchrun_port = s.getsockname()[1]
     p = h.run([h.PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--no_python",
+               "--master_port", str(torchrun_port),
                "--redirects", "1:2", "--tee", "1:2", "--log_dir", os.path.join(tmp, "tr"), EXAMPLE, *STEPS,
                "--losses-out", out], env=env, timeout=300)
     if p.returncode != 0:

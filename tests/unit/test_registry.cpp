@@ -57,7 +57,8 @@ TEST(Registry, SelectsByNameAndListsWhatIsAvailable) {
     FAIL() << "an unknown name must be refused";
   } catch (const hasten::PluginError& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("unknown strategy plugin 'sngle' (available: single"), std::string::npos) << m;
+    EXPECT_NE(m.find("unknown strategy plugin 'sngle' (available: "), std::string::npos) << m;
+    EXPECT_NE(m.find("single"), std::string::npos) << m;
     EXPECT_NE(m.find("did you mean 'single'"), std::string::npos) << m;
   }
 }
