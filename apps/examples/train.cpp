@@ -35,6 +35,9 @@ struct Args {
   int64_t log_every = 10;
   int threads = 1;
   std::string project = "hasten-example";
+  bool units = false;        // declare sharding units (for zero/fsdp)
+  double clip = 0;           // > 0: clip_grad_norm_ on every synchronising step
+  std::string params_out;    // write the final full parameters (safetensors) here
   hasten::Options options;
 };
 
@@ -47,7 +50,16 @@ struct Result {
   int rank = 0;
   std::string precision = "no";
   int accumulation = 1;
+  std::string strategy = "single";
+  nlohmann::ordered_json memory;           // rank 0's memory report
+  nlohmann::ordered_json memory_per_rank;  // every rank's
 };
+
+nlohmann::ordered_json to_json(const hasten::MemoryReport& m) {
+  return {{"params", m.params},           {"param_shards", m.param_shards}, {"grads", m.grads},
+          {"optimizer", m.optimizer},     {"peak_full_params", m.peak_params}, {"peak_grads", m.peak_grads},
+          {"peak_optimizer", m.peak_optimizer}, {"at_rest", m.at_rest()}};
+}
 
 // The plain LibTorch loop: no hasten code in the step.
 Result train_libtorch(const Args& a, int64_t batch, int64_t total) {
@@ -96,7 +108,7 @@ Result train_libtorch(const Args& a, int64_t batch, int64_t total) {
 Result train_hasten(const Args& a, int64_t batch, int64_t total) {
   hasten::Accelerator acc(a.options);
   torch::manual_seed(0);
-  auto model = W::build_model(a.workload);
+  auto model = W::build_model(a.workload, a.units);
   auto [inputs, targets] = W::build_data(a.workload);
   torch::optim::AdamW optimizer(model->parameters(), W::optimizer_options());
   hasten::DataLoader data(hasten::TensorDataset(inputs, targets), {.batch_size = batch});
@@ -122,6 +134,7 @@ Result train_hasten(const Args& a, int64_t batch, int64_t total) {
       auto scope = acc.accumulate(net);
       auto loss = W::loss(a.workload, net(W::model_input(a.workload, b.input)), b.target);
       acc.backward(loss);
+      if (a.clip > 0 && acc.sync_gradients()) acc.clip_grad_norm_(net, a.clip);
       opt.step();
       opt.zero_grad();
       losses.push_back(loss.detach());
@@ -149,6 +162,28 @@ Result train_hasten(const Args& a, int64_t batch, int64_t total) {
   r.losses.assign(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
   auto rss = acc.gather(torch::tensor({W::peak_rss_mb()}, torch::kDouble));
   r.peak_rss_mb.assign(rss.data_ptr<double>(), rss.data_ptr<double>() + rss.numel());
+  r.strategy = acc.strategy();
+  // What each rank holds at rest (after the last step), with the peaks of the run.
+  const hasten::MemoryReport mine = acc.memory_report();
+  const auto fields = torch::tensor({static_cast<int64_t>(mine.params), static_cast<int64_t>(mine.param_shards),
+                                     static_cast<int64_t>(mine.grads), static_cast<int64_t>(mine.optimizer),
+                                     static_cast<int64_t>(mine.peak_params), static_cast<int64_t>(mine.peak_grads),
+                                     static_cast<int64_t>(mine.peak_optimizer)});
+  auto all_fields = acc.gather(fields).reshape({acc.num_processes(), 7});
+  r.memory = to_json(mine);
+  r.memory_per_rank = nlohmann::ordered_json::array();
+  for (int64_t k = 0; k < all_fields.size(0); ++k) {
+    hasten::MemoryReport m;
+    m.params = all_fields[k][0].item<int64_t>(), m.param_shards = all_fields[k][1].item<int64_t>();
+    m.grads = all_fields[k][2].item<int64_t>(), m.optimizer = all_fields[k][3].item<int64_t>();
+    m.peak_params = all_fields[k][4].item<int64_t>(), m.peak_grads = all_fields[k][5].item<int64_t>();
+    m.peak_optimizer = all_fields[k][6].item<int64_t>();
+    r.memory_per_rank.push_back(to_json(m));
+  }
+  if (!a.params_out.empty()) {
+    auto state = acc.get_state_dict(net);  // every rank takes part; rank 0 gets the tensors
+    if (acc.is_main_process()) hasten::save_safetensors(a.params_out, state);
+  }
   if (tracking) {
     acc.log({{"final_loss", r.losses.back()}}, step);
     acc.end_training();
@@ -195,6 +230,11 @@ int run(const Args& a) {
   rec["torch"] = TORCH_VERSION;
   const auto blas = hasten::blas_info();
   rec["blas"] = blas.library == "openblas" ? "openblas:" + blas.core : blas.library;
+  if (a.impl == "hasten") {
+    rec["strategy"] = r.strategy;
+    rec["memory"] = r.memory;
+    rec["memory_per_rank"] = r.memory_per_rank;
+  }
   if (a.json) {
     std::cout << rec.dump() << std::endl;
   } else {
@@ -231,6 +271,9 @@ int main(int argc, char** argv) {
   app.add_option("--log-every,--log_every", a.log_every, "Progress and tracker logging period (0: off)");
   app.add_option("--threads", a.threads, "Intra-op threads")->check(CLI::PositiveNumber);
   app.add_option("--project", a.project, "Tracker project name");
+  app.add_flag("--units", a.units, "Declare every Linear (MLP) or encoder layer (gpt-tiny) a sharding unit");
+  app.add_option("--clip", a.clip, "clip_grad_norm_ to this norm on synchronising steps");
+  app.add_option("--params-out,--params_out", a.params_out, "Write the final parameters here (safetensors)");
   std::string config_file, mp, strategy;
   int accum = 0;
   std::vector<std::string> trackers;

@@ -1,5 +1,7 @@
 #include "workloads.hpp"
 
+#include <hasten/unit.hpp>
+
 #include <sys/resource.h>
 
 #include <limits>
@@ -26,10 +28,13 @@ const Spec& spec(const std::string& name) {
 
 std::vector<std::string> names() { return {"mlp-small", "mlp-large", "gpt-tiny"}; }
 
-MlpImpl::MlpImpl(const std::vector<int64_t>& widths) {
+MlpImpl::MlpImpl(const std::vector<int64_t>& widths, bool units) {
   layers = register_module("layers", torch::nn::Sequential());
   for (size_t i = 0; i + 1 < widths.size(); ++i) {
-    layers->push_back(torch::nn::Linear(widths[i], widths[i + 1]));
+    if (units)
+      layers->push_back(hasten::Unit<torch::nn::Linear>(widths[i], widths[i + 1]));
+    else
+      layers->push_back(torch::nn::Linear(widths[i], widths[i + 1]));
     if (i + 2 < widths.size()) layers->push_back(torch::nn::ReLU());
   }
 }
@@ -37,17 +42,25 @@ MlpImpl::MlpImpl(const std::vector<int64_t>& widths) {
 torch::Tensor MlpImpl::forward(torch::Tensor input) { return layers->forward(input); }
 
 TinyGptImpl::TinyGptImpl(int64_t vocab, int64_t seq, int64_t d_model, int64_t nhead, int64_t ff,
-                         int64_t layers) {
+                         int64_t layers, bool units) {
   tok = register_module("tok", torch::nn::Embedding(vocab, d_model));
   pos = register_module("pos", torch::nn::Embedding(seq, d_model));
   blocks = register_module("layers", torch::nn::ModuleList());
+  const auto options =
+      torch::nn::TransformerEncoderLayerOptions(d_model, nhead).dim_feedforward(ff).dropout(0.0).activation(torch::kReLU);
   for (int64_t i = 0; i < layers; ++i) {
-    torch::nn::TransformerEncoderLayer layer(torch::nn::TransformerEncoderLayerOptions(d_model, nhead)
-                                                 .dim_feedforward(ff)
-                                                 .dropout(0.0)
-                                                 .activation(torch::kReLU));
-    blocks->push_back(layer);
-    block_list.push_back(layer);
+    if (units) {
+      hasten::Unit<torch::nn::TransformerEncoderLayer> layer(options);
+      blocks->push_back(layer.ptr());
+      // A unit keeps forward's exact signature: the padding mask is passed explicitly.
+      block_calls.push_back([layer](const torch::Tensor& h, const torch::Tensor& m) mutable {
+        return layer->forward(h, m, torch::Tensor());
+      });
+    } else {
+      torch::nn::TransformerEncoderLayer layer(options);
+      blocks->push_back(layer);
+      block_calls.push_back([layer](const torch::Tensor& h, const torch::Tensor& m) mutable { return layer->forward(h, m); });
+    }
   }
   head = register_module("head", torch::nn::Linear(d_model, vocab));
   // Plain tensors, not buffers (the peer keeps them out of DDP's buffer broadcast).
@@ -59,16 +72,16 @@ torch::Tensor TinyGptImpl::forward(torch::Tensor idx) {
   const int64_t s = idx.size(0);
   torch::Tensor h = tok->forward(idx) + pos->forward(positions.narrow(0, 0, s)).unsqueeze(1);
   const torch::Tensor mask = causal_mask.narrow(0, 0, s).narrow(1, 0, s);
-  for (auto& layer : block_list) h = layer->forward(h, mask);
+  for (auto& block : block_calls) h = block(h, mask);
   return head->forward(h);
 }
 
-std::shared_ptr<ModelImpl> build_model(const std::string& name) {
+std::shared_ptr<ModelImpl> build_model(const std::string& name, bool units) {
   spec(name);
-  if (name == "mlp-small") return std::make_shared<MlpImpl>(std::vector<int64_t>{256, 512, 512, 10});
+  if (name == "mlp-small") return std::make_shared<MlpImpl>(std::vector<int64_t>{256, 512, 512, 10}, units);
   if (name == "mlp-large")
-    return std::make_shared<MlpImpl>(std::vector<int64_t>{1024, 4096, 4096, 1024, 10});
-  return std::make_shared<TinyGptImpl>(96, 128, 256, 4, 1024, 4);
+    return std::make_shared<MlpImpl>(std::vector<int64_t>{1024, 4096, 4096, 1024, 10}, units);
+  return std::make_shared<TinyGptImpl>(96, 128, 256, 4, 1024, 4, units);
 }
 
 std::pair<torch::Tensor, torch::Tensor> build_data(const std::string& name) {

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,8 +27,10 @@ struct ModelImpl : torch::nn::Module {
 };
 
 // Sequential MLP: Linear/ReLU stack.
+// With units = true every Linear (MLP) or TransformerEncoderLayer (gpt-tiny) is a
+// hasten::Unit, for sharding strategies; initialisation and numerics are unchanged.
 struct MlpImpl : ModelImpl {
-  explicit MlpImpl(const std::vector<int64_t>& widths);
+  MlpImpl(const std::vector<int64_t>& widths, bool units);
   torch::Tensor forward(torch::Tensor input) override;
   torch::nn::Sequential layers{nullptr};
 };
@@ -35,17 +38,17 @@ struct MlpImpl : ModelImpl {
 // Token and learned position embeddings, 4 post-norm TransformerEncoderLayers with a causal
 // mask (sequence-first), a linear head. Layers are constructed one by one, as the peer does.
 struct TinyGptImpl : ModelImpl {
-  TinyGptImpl(int64_t vocab, int64_t seq, int64_t d_model, int64_t nhead, int64_t ff, int64_t layers);
+  TinyGptImpl(int64_t vocab, int64_t seq, int64_t d_model, int64_t nhead, int64_t ff, int64_t layers, bool units);
   torch::Tensor forward(torch::Tensor idx) override;  // idx: (seq, batch) int64
   torch::nn::Embedding tok{nullptr}, pos{nullptr};
   torch::nn::ModuleList blocks{nullptr};
-  std::vector<torch::nn::TransformerEncoderLayer> block_list;
+  std::vector<std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>> block_calls;
   torch::nn::Linear head{nullptr};
   torch::Tensor causal_mask, positions;
 };
 
 // Call right after torch::manual_seed(0).
-std::shared_ptr<ModelImpl> build_model(const std::string& name);
+std::shared_ptr<ModelImpl> build_model(const std::string& name, bool units = false);
 
 // The dataset, drawn right after the model from the same generator: (inputs, targets) with
 // the sample dimension first. For gpt-tiny, inputs = tokens[:, :-1] and targets = tokens[:, 1:].

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "comm_instance.hpp"
 #include "communicator.hpp"
@@ -35,6 +36,8 @@ namespace {
 struct ModelEntry {
   std::shared_ptr<torch::nn::Module> module;
   bool sync_enabled = true;  // what the strategy was last told
+  std::vector<UnitBase*> units;  // nested hasten::Unit modules (1..n), attached to this engine
+  bool root_is_unit = false;     // the model is itself a hasten::Unit (its forward reports unit 0)
 };
 
 struct OptimizerEntry {
@@ -92,6 +95,7 @@ struct Engine::Impl {
   std::unique_ptr<StrategyInstance> strategy;
   std::unique_ptr<PrecisionInstance> precision;
   bool precision_autocast = false;
+  bool unit_events = false;  // the strategy wants unit forward events
   std::vector<std::unique_ptr<TrackerInstance>> trackers;
   std::vector<ModelEntry> models;
   std::vector<OptimizerEntry> optimizers;
@@ -193,12 +197,16 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
       s.config.precision_options);
   s.precision->check_device(s.dl_device);
   s.precision_autocast = s.precision->has_autocast();
+  s.unit_events = s.strategy->has_unit_events();
   get_logger()->debug("accelerator: strategy {}, precision {}, device {}, rank {}/{}",
                       s.strategy->name(), s.precision->name(), s.device.str(), s.process.rank,
                       s.process.world_size);
 }
 
 Engine::~Engine() {
+  // Units outlive the engine when the user keeps the model: detach them first.
+  for (auto& m : impl_->models)
+    for (UnitBase* u : m.units) u->engine_ = nullptr;
   // Trackers flush in destroy(); plugins go before the communicator they may use, and the
   // communicator before the store it rendezvoused through.
   impl_->trackers.clear();
@@ -230,9 +238,110 @@ size_t Engine::add_model(std::shared_ptr<torch::nn::Module> module) {
   bool train = false;
   for (auto& p : module->parameters()) train = train || p.requires_grad();
   info.train = train ? 1 : 0;
+  // Units: the model itself first, then every nested hasten::Unit in modules() order.
+  ModelEntry entry;
+  entry.module = module;
+  std::vector<hasten_module*> units{reinterpret_cast<hasten_module*>(module.get())};
+  entry.root_is_unit = dynamic_cast<UnitBase*>(module.get()) != nullptr;
+  for (auto& m : module->modules(/*include_self=*/false)) {
+    if (auto* u = dynamic_cast<UnitBase*>(m.get())) {
+      if (u->engine_ != nullptr && u->engine_ != this)
+        throw UsageError("prepare: a hasten::Unit of this model is already prepared by another Accelerator");
+      entry.units.push_back(u);
+      units.push_back(reinterpret_cast<hasten_module*>(m.get()));
+    }
+  }
+  info.units = units.data();
+  info.n_units = static_cast<uint32_t>(units.size());
   s.strategy->prepare_model(*module, info);
-  s.models.push_back({std::move(module), true});
+  if (s.unit_events) {
+    uint32_t k = 1;
+    for (UnitBase* u : entry.units) {
+      u->engine_ = this;
+      u->model_ = index;
+      u->unit_ = k++;
+    }
+    if (auto* root = dynamic_cast<UnitBase*>(module.get())) {
+      root->engine_ = this;
+      root->model_ = index;
+      root->unit_ = 0;
+    }
+  }
+  s.models.push_back(std::move(entry));
   return index;
+}
+
+bool Engine::unit_events() const { return impl_->unit_events; }
+
+void Engine::model_forward_enter(size_t model) {
+  ModelEntry& m = impl_->models.at(model);
+  if (impl_->unit_events && !m.root_is_unit) impl_->strategy->unit_pre_forward(*m.module, 0);
+}
+
+void Engine::model_forward_exit(size_t model, std::vector<torch::Tensor>& outputs) {
+  ModelEntry& m = impl_->models.at(model);
+  if (impl_->unit_events && !m.root_is_unit) impl_->strategy->unit_post_forward(*m.module, 0, outputs);
+}
+
+void Engine::unit_enter(size_t model, uint32_t unit) {
+  impl_->strategy->unit_pre_forward(*impl_->models.at(model).module, unit);
+}
+
+void Engine::unit_exit(size_t model, uint32_t unit, std::vector<torch::Tensor>& outputs) {
+  impl_->strategy->unit_post_forward(*impl_->models.at(model).module, unit, outputs);
+}
+
+void Engine::forward_failed(size_t model, const std::exception& error) {
+  (void)model;
+  const std::string what = error.what();
+  // A bypassed unit under a parameter-sharding strategy finds its parameters empty.
+  throw UsageError("the forward of a prepared model failed under strategy '" + impl_->strategy->name() +
+                   "', which frees the parameters of units between uses: if a hasten::Unit was called through a "
+                   "base-class pointer or an AnyModule built from its base type, call it through its Unit type. "
+                   "LibTorch said: " + what.substr(0, what.find('\n')));
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Engine::state_dict(size_t model, int kind) {
+  Impl& s = *impl_;
+  ModelEntry& m = s.models.at(model);
+  if (s.strategy->has_state_dict()) return s.strategy->state_dict(*m.module, kind);
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  if (kind == 0 && !s.process.is_main_process()) return out;
+  torch::NoGradGuard no_grad;
+  for (auto& named : m.module->named_parameters()) {
+    torch::Tensor t = named.value().detach().clone();
+    if (kind == 0)
+      out.emplace_back(named.key(), t);
+    else
+      out.emplace_back(named.key() + "@0:" + std::to_string(t.numel()), t.reshape(-1));
+  }
+  if (kind == 0)
+    for (auto& named : m.module->named_buffers()) out.emplace_back(named.key(), named.value().detach().clone());
+  return out;
+}
+
+MemoryReport Engine::memory_report() {
+  Impl& s = *impl_;
+  MemoryReport r;
+  if (s.strategy->has_memory_report()) {
+    const hasten_memory_report m = s.strategy->memory_report();
+    r.params = m.params, r.param_shards = m.param_shards, r.grads = m.grads, r.optimizer = m.optimizer;
+    r.peak_params = m.peak_params, r.peak_param_shards = m.peak_param_shards;
+    r.peak_grads = m.peak_grads, r.peak_optimizer = m.peak_optimizer;
+    return r;
+  }
+  // Unsharded: every rank holds the whole models, their gradients and optimizer states.
+  std::set<const void*> seen;
+  for (auto& m : s.models) {
+    for (auto& p : m.module->parameters()) {
+      if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+      r.params += static_cast<uint64_t>(p.numel()) * p.element_size();
+      if (p.grad().defined()) r.grads += static_cast<uint64_t>(p.grad().numel()) * p.grad().element_size();
+    }
+  }
+  for (auto& o : s.optimizers) r.optimizer += sdk::optimizer_state_bytes(*o.optimizer);
+  r.peak_params = r.params, r.peak_grads = r.grads, r.peak_optimizer = r.optimizer;
+  return r;
 }
 
 std::optional<size_t> Engine::find_model(const torch::nn::Module* module) const {
@@ -623,6 +732,16 @@ void Engine::end_training() {
 }  // namespace hasten::detail
 
 namespace hasten {
+
+UnitBase::~UnitBase() = default;
+
+void UnitBase::hasten_enter() {
+  if (engine_ != nullptr) engine_->unit_enter(model_, unit_);
+}
+
+void UnitBase::hasten_exit(std::vector<torch::Tensor>& outputs) {
+  if (engine_ != nullptr) engine_->unit_exit(model_, unit_, outputs);
+}
 
 void Work::wait() {
   if (pending_ && pending_->work) pending_->work->wait(pending_->timeout_ms);

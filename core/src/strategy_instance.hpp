@@ -4,6 +4,10 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "plugin_instances.hpp"
 
 namespace hasten::detail {
@@ -36,6 +40,38 @@ class StrategyInstance : public PluginInstance {
   void after_optimizer_step(torch::optim::Optimizer& optimizer) {
     if (auto fn = vt().strategy.after_optimizer_step)
       call("after_optimizer_step", [&] { return fn(instance_, h(optimizer)); });
+  }
+  bool has_unit_events() const { return vt().strategy.unit_pre_forward != nullptr; }
+  void unit_pre_forward(torch::nn::Module& model, uint32_t unit) {
+    if (auto fn = vt().strategy.unit_pre_forward) call("unit_pre_forward", [&] { return fn(instance_, h(model), unit); });
+  }
+  void unit_post_forward(torch::nn::Module& model, uint32_t unit, std::vector<torch::Tensor>& outputs) {
+    if (auto fn = vt().strategy.unit_post_forward) {
+      std::vector<hasten_tensor*> handles;
+      handles.reserve(outputs.size());
+      for (auto& t : outputs) handles.push_back(reinterpret_cast<hasten_tensor*>(&t));
+      call("unit_post_forward", [&] {
+        return fn(instance_, h(model), unit, handles.data(), static_cast<uint32_t>(handles.size()));
+      });
+    }
+  }
+  bool has_memory_report() const { return vt().strategy.memory_report != nullptr; }
+  hasten_memory_report memory_report() {
+    hasten_memory_report r{};
+    r.struct_size = sizeof(r);
+    r.abi_version = HASTEN_ABI_VERSION;
+    call("memory_report", [&] { return vt().strategy.memory_report(instance_, &r); });
+    return r;
+  }
+  bool has_state_dict() const { return vt().strategy.state_dict != nullptr; }
+  std::vector<std::pair<std::string, torch::Tensor>> state_dict(torch::nn::Module& model, int32_t kind) {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    auto emit = [](void* ctx, const char* name, hasten_tensor* value) {
+      auto* v = static_cast<std::vector<std::pair<std::string, torch::Tensor>>*>(ctx);
+      v->emplace_back(name, *reinterpret_cast<torch::Tensor*>(value));
+    };
+    call("state_dict", [&] { return vt().strategy.state_dict(instance_, h(model), kind, emit, &out); });
+    return out;
   }
   bool has_clip_grad_norm() const { return vt().strategy.clip_grad_norm != nullptr; }
   double clip_grad_norm(torch::nn::Module& model, double max_norm, double norm_type) {

@@ -21,6 +21,8 @@
 #include <hasten/error.hpp>
 #include <hasten/logging.hpp>
 #include <hasten/process.hpp>
+#include <hasten/safetensors.hpp>
+#include <hasten/unit.hpp>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -153,7 +155,20 @@ class PreparedModel {
   template <class... Args>
   auto forward(Args&&... args) {
     detail::AutocastGuard guard(*engine_);
-    return detail::to_float_outputs(module_->forward(std::forward<Args>(args)...));
+    if (!engine_->unit_events()) return detail::to_float_outputs(module_->forward(std::forward<Args>(args)...));
+    // A sharding strategy: unit 0 (the model's own parameters) around the whole forward.
+    engine_->model_forward_enter(index_);
+    try {
+      auto out = module_->forward(std::forward<Args>(args)...);
+      std::vector<torch::Tensor> outputs;
+      detail::outputs_of(out, outputs);
+      engine_->model_forward_exit(index_, outputs);
+      return detail::to_float_outputs(std::move(out));
+    } catch (const hasten::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      engine_->forward_failed(index_, e);
+    }
   }
   auto operator->() const { return module_.get(); }
   // The user's module, as passed to prepare (hasten::Accelerator::unwrap_model does the same).
@@ -415,10 +430,26 @@ class Accelerator {
   // Divides gradients by the loss scale now (fp16); later calls in the same step do nothing.
   void unscale_gradients() { engine_->unscale_gradients(); }
   bool optimizer_step_was_skipped() const { return engine_->any_optimizer_step_skipped(); }
+  // What this rank holds: full parameters, parameter shards, gradients, optimizer state,
+  // now and at their peak since prepare.
+  MemoryReport memory_report() { return engine_->memory_report(); }
   // The precision plugin's current loss scale (1 without loss scaling).
   double loss_scale() const { return engine_->loss_scale(); }
 
   AutocastScope autocast() { return AutocastScope(engine_); }
+
+  // The model's parameters and buffers, full, on the main process (empty elsewhere). Every
+  // rank must call it: sharded strategies gather one unit at a time to rank 0.
+  template <class M>
+  NamedTensors get_state_dict(const PreparedModel<M>& model) {
+    return engine_->state_dict(model.index(), 0);
+  }
+  // This rank's shards of the model's parameters, each named "<name>@<offset>:<length>" (a
+  // piece of the flattened parameter); unsharded strategies give every parameter whole.
+  template <class M>
+  NamedTensors get_sharded_state_dict(const PreparedModel<M>& model) {
+    return engine_->state_dict(model.index(), 1);
+  }
 
   template <class M>
   const M& unwrap_model(const PreparedModel<M>& model) const {

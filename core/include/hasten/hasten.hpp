@@ -8,4 +8,6 @@
 #include <hasten/launch.hpp>
 #include <hasten/logging.hpp>
 #include <hasten/process.hpp>
+#include <hasten/safetensors.hpp>
+#include <hasten/unit.hpp>
 #include <hasten/version.hpp>

@@ -254,7 +254,26 @@ typedef struct hasten_model_info {
   uint32_t index;     /* 0 for the first prepared model, 1 for the second...         */
   DLDevice device;    /* where the model must live for this process                 */
   int32_t train;      /* non-zero when the model has parameters that need gradients */
+  /* The model's sharding units (hasten::Unit), borrowed for the call; the modules live as
+   * long as the model. units[0] is the model itself: the unit of every parameter that no
+   * nested unit owns. units[1..n_units-1] are the nested units in the order of
+   * model.modules(). A model that declares no units has n_units == 1. */
+  hasten_module* const* units;
+  uint32_t n_units;
 } hasten_model_info;
+
+/* Bytes a strategy holds on this rank, now and at their peak since prepare. */
+typedef struct hasten_memory_report {
+  HASTEN_STRUCT_HEADER;
+  uint64_t params;           /* full (unsharded) parameters currently allocated           */
+  uint64_t param_shards;     /* parameter shards, including float32 master shards         */
+  uint64_t grads;            /* gradients, full and sharded                               */
+  uint64_t optimizer;        /* optimizer state                                           */
+  uint64_t peak_params;      /* peaks of the four above                                   */
+  uint64_t peak_param_shards;
+  uint64_t peak_grads;
+  uint64_t peak_optimizer;
+} hasten_memory_report;
 
 typedef struct hasten_strategy_vtable {
   HASTEN_STRUCT_HEADER;
@@ -284,6 +303,25 @@ typedef struct hasten_strategy_vtable {
    * computed over every rank's share where gradients are sharded. */
   hasten_status (*clip_grad_norm)(hasten_instance* self, hasten_module* model, double max_norm,
                                   double norm_type, double* total_norm);
+  /* Optional: sharding units. The host calls them on the thread running the unit's forward:
+   * before it (unit_pre_forward) and after it with its tensor outputs (unit_post_forward;
+   * outputs borrowed for the call, the strategy may register hooks on them). `unit` indexes
+   * hasten_model_info.units of `model` (0: the model itself, around the prepared model's
+   * forward). Strategies that shard nothing leave both NULL. */
+  hasten_status (*unit_pre_forward)(hasten_instance* self, hasten_module* model, uint32_t unit);
+  hasten_status (*unit_post_forward)(hasten_instance* self, hasten_module* model, uint32_t unit,
+                                     hasten_tensor* const* outputs, uint32_t n_outputs);
+  /* Optional: what this rank holds (caller sets out->struct_size). NULL: the host counts
+   * the models' parameters and gradients and the optimizers' state itself. */
+  hasten_status (*memory_report)(hasten_instance* self, hasten_memory_report* out);
+  /* Optional: the model's parameters as (name, tensor) pairs, through `emit` (called on this
+   * thread; name and value borrowed for the call, copy what you keep). kind 0: the full
+   * tensors, emitted on rank 0 only (every rank must call: sharded strategies gather one unit
+   * at a time). kind 1: this rank's shards, each emitted as "<name>@<offset>:<length>" (a 1-D
+   * piece of the flattened parameter). NULL: the host reads the model's own parameters. */
+  hasten_status (*state_dict)(hasten_instance* self, hasten_module* model, int32_t kind,
+                              void (*emit)(void* ctx, const char* name, hasten_tensor* value),
+                              void* ctx);
 } hasten_strategy_vtable;
 
 /* ------------------------------------------------------------------------------------------ */

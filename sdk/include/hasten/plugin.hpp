@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -418,7 +419,40 @@ class Strategy : public PluginBase {
     (void)model, (void)max_norm, (void)norm_type;
     throw Error(HASTEN_ERR_UNSUPPORTED, "clip_grad_norm");
   }
+  virtual void unit_pre_forward(torch::nn::Module& model, uint32_t unit) { (void)model, (void)unit; }
+  virtual void unit_post_forward(torch::nn::Module& model, uint32_t unit, at::Tensor* const* outputs,
+                                 uint32_t n_outputs) {
+    (void)model, (void)unit, (void)outputs, (void)n_outputs;
+  }
+  virtual void memory_report(hasten_memory_report& out) { (void)out; }
+  using Emit = std::function<void(const std::string& name, at::Tensor& value)>;
+  virtual void state_dict(torch::nn::Module& model, int32_t kind, const Emit& emit) {
+    (void)model, (void)kind, (void)emit;
+  }
 };
+
+// Bytes of the state tensors of LibTorch's optimizers (SGD, Adam, AdamW, RMSprop, Adagrad).
+inline uint64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer) {
+  uint64_t bytes = 0;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined()) bytes += static_cast<uint64_t>(t.numel()) * t.element_size();
+  };
+  for (auto& [key, state] : optimizer.state()) {
+    (void)key;
+    if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(state.get())) {
+      add(s->exp_avg()), add(s->exp_avg_sq()), add(s->max_exp_avg_sq());
+    } else if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(state.get())) {
+      add(s->exp_avg()), add(s->exp_avg_sq()), add(s->max_exp_avg_sq());
+    } else if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(state.get())) {
+      add(s->momentum_buffer());
+    } else if (auto* s = dynamic_cast<torch::optim::RMSpropParamState*>(state.get())) {
+      add(s->square_avg()), add(s->momentum_buffer()), add(s->grad_avg());
+    } else if (auto* s = dynamic_cast<torch::optim::AdagradParamState*>(state.get())) {
+      add(s->sum());
+    }
+  }
+  return bytes;
+}
 
 template <class T>
 constexpr hasten_strategy_vtable make_strategy_vtable() {
@@ -464,6 +498,40 @@ constexpr hasten_strategy_vtable make_strategy_vtable() {
                            double norm_type, double* total) noexcept {
       return detail::call<Strategy>(
           i, [&](Strategy& s) { *total = s.clip_grad_norm(module(m), max_norm, norm_type); });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Strategy, unit_pre_forward)) {
+    vt.unit_pre_forward = [](hasten_instance* i, hasten_module* m, uint32_t unit) noexcept {
+      return detail::call<Strategy>(i, [&](Strategy& s) { s.unit_pre_forward(module(m), unit); });
+    };
+    vt.unit_post_forward = [](hasten_instance* i, hasten_module* m, uint32_t unit, hasten_tensor* const* outs,
+                              uint32_t n) noexcept {
+      return detail::call<Strategy>(i, [&](Strategy& s) {
+        s.unit_post_forward(module(m), unit, reinterpret_cast<at::Tensor* const*>(outs), n);
+      });
+    };
+  }
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Strategy, memory_report))
+    vt.memory_report = [](hasten_instance* i, hasten_memory_report* out) noexcept {
+      return detail::call<Strategy>(i, [&](Strategy& s) {
+        // Fill a full struct, hand back no more than the caller's (possibly older) one holds.
+        hasten_memory_report mine{};
+        mine.struct_size = sizeof(mine);
+        mine.abi_version = HASTEN_ABI_VERSION;
+        s.memory_report(mine);
+        const size_t n = out->struct_size < sizeof(mine) ? out->struct_size : sizeof(mine);
+        const uint32_t size = out->struct_size;
+        std::memcpy(out, &mine, n);
+        out->struct_size = size;
+      });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Strategy, state_dict))
+    vt.state_dict = [](hasten_instance* i, hasten_module* m, int32_t kind,
+                       void (*emit)(void*, const char*, hasten_tensor*), void* ctx) noexcept {
+      return detail::call<Strategy>(i, [&](Strategy& s) {
+        s.state_dict(module(m), kind, [&](const std::string& name, at::Tensor& value) {
+          emit(ctx, name.c_str(), handle(value));
+        });
+      });
     };
   return vt;
 }

@@ -5,6 +5,7 @@
 #include <hasten/config.hpp>
 #include <hasten/data.hpp>
 #include <hasten/process.hpp>
+#include <hasten/unit.hpp>
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -39,6 +40,18 @@ class Engine {
   // Models.
   size_t add_model(std::shared_ptr<torch::nn::Module> module);
   std::optional<size_t> find_model(const torch::nn::Module* module) const;
+  // Sharding units: events around the prepared model's forward (unit 0) and around every
+  // hasten::Unit's forward, for strategies that want them.
+  bool unit_events() const;
+  void model_forward_enter(size_t model);
+  void model_forward_exit(size_t model, std::vector<torch::Tensor>& outputs);
+  void unit_enter(size_t model, uint32_t unit);
+  void unit_exit(size_t model, uint32_t unit, std::vector<torch::Tensor>& outputs);
+  // Rethrows an error from a prepared model's forward with what a sharding strategy knows.
+  [[noreturn]] void forward_failed(size_t model, const std::exception& error);
+  MemoryReport memory_report();
+  // kind 0: full tensors on rank 0 (collective); kind 1: this rank's shards.
+  std::vector<std::pair<std::string, torch::Tensor>> state_dict(size_t model, int kind);
   void* autocast_enter();
   void autocast_exit(void* token) noexcept;
 

@@ -1,0 +1,164 @@
+// Sharding units: the C++ counterpart of FSDP's auto-wrap policy.
+//
+// LibTorch modules have no forward hooks and a non-virtual forward, so a sharding strategy
+// cannot see when a submodule runs. A unit is the module itself with a forward that shadows
+// the original one and tells the strategy before and after it runs (ZeRO-3/FULL_SHARD gather
+// the unit's parameters there and free them after). Declare units by type:
+//
+//   struct NetImpl : torch::nn::Module {
+//     hasten::Unit<torch::nn::Linear> fc1{nullptr}, fc2{nullptr};   // was: torch::nn::Linear
+//     NetImpl() { fc1 = register_module("fc1", hasten::Unit<torch::nn::Linear>(784, 256)); ... }
+//   };
+//   seq->push_back(hasten::Unit<torch::nn::Linear>(1024, 4096));    // inside Sequential too
+//
+// A unit is-a LinearImpl (same parameter names, initialisation and members: fc1->weight).
+// A model that declares no units is one unit; the parameters that no nested unit owns belong
+// to the model itself (unit 0). Rules (docs/strategies.md):
+// - call a unit through its Unit type: a call through a base-class pointer
+//   (`->as<LinearImpl>()->forward`) bypasses it, and under ZeRO-3 finds its parameters freed
+//   (an error, never a crash);
+// - a unit's forward keeps the exact signature of the module's forward, so arguments with
+//   default values must be passed (TransformerEncoderLayer: forward(src, mask, {}));
+// - modules whose forward is a template (Sequential) get a forwarding template instead.
+// Outside a sharding strategy a unit behaves exactly like its module.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace hasten {
+
+namespace detail {
+class Engine;
+}
+
+// What the Accelerator finds in a model's modules() and connects to the strategy.
+class UnitBase {
+ public:
+  virtual ~UnitBase();
+  bool hasten_attached() const noexcept { return engine_ != nullptr; }
+
+ protected:
+  UnitBase() = default;
+  UnitBase(const UnitBase&) : UnitBase() {}  // a copy is a new, unattached unit
+  void hasten_enter();
+  void hasten_exit(std::vector<torch::Tensor>& outputs);
+
+ private:
+  friend class detail::Engine;
+  detail::Engine* engine_ = nullptr;
+  size_t model_ = 0;
+  uint32_t unit_ = 0;
+};
+
+namespace detail {
+
+template <class T, class = void>
+struct is_tuple_like : std::false_type {};
+template <class T>
+struct is_tuple_like<T, std::void_t<decltype(std::tuple_size<std::decay_t<T>>::value)>> : std::true_type {};
+
+// The tensors among a forward's outputs: a tensor, a vector of tensors, or tuples of those.
+template <class T>
+void outputs_of(T& value, std::vector<torch::Tensor>& out) {
+  using D = std::decay_t<T>;
+  if constexpr (std::is_same_v<D, torch::Tensor>) {
+    if (value.defined()) out.push_back(value);
+  } else if constexpr (std::is_same_v<D, std::vector<torch::Tensor>>) {
+    for (auto& t : value) outputs_of(t, out);
+  } else if constexpr (is_tuple_like<D>::value) {
+    std::apply([&](auto&... parts) { (outputs_of(parts, out), ...); }, value);
+  }
+}
+
+// forward's member pointer type, or void when forward is a template or overloaded.
+template <class T, class = void>
+struct forward_signature {
+  using type = void;
+};
+template <class T>
+struct forward_signature<T, std::void_t<decltype(&T::forward)>> {
+  using type = decltype(&T::forward);
+};
+
+}  // namespace detail
+
+template <class Impl, class Signature = typename detail::forward_signature<Impl>::type>
+class UnitImpl;
+
+// forward with the module's exact signature (so AnyModule and Sequential accept units).
+template <class Impl, class R, class C, class... A>
+class UnitImpl<Impl, R (C::*)(A...)> : public Impl, public UnitBase {
+ public:
+  using Impl::Impl;
+  UnitImpl() = default;
+  R forward(A... args) {
+    if (!hasten_attached()) return Impl::forward(std::forward<A>(args)...);
+    hasten_enter();
+    R out = Impl::forward(std::forward<A>(args)...);
+    std::vector<torch::Tensor> outputs;
+    detail::outputs_of(out, outputs);
+    hasten_exit(outputs);
+    return out;
+  }
+};
+
+// A const forward.
+template <class Impl, class R, class C, class... A>
+class UnitImpl<Impl, R (C::*)(A...) const> : public Impl, public UnitBase {
+ public:
+  using Impl::Impl;
+  UnitImpl() = default;
+  R forward(A... args) {
+    if (!hasten_attached()) return Impl::forward(std::forward<A>(args)...);
+    hasten_enter();
+    R out = Impl::forward(std::forward<A>(args)...);
+    std::vector<torch::Tensor> outputs;
+    detail::outputs_of(out, outputs);
+    hasten_exit(outputs);
+    return out;
+  }
+};
+
+// A forward that is a template or overloaded (Sequential): forward whatever is passed.
+template <class Impl>
+class UnitImpl<Impl, void> : public Impl, public UnitBase {
+ public:
+  using Impl::Impl;
+  UnitImpl() = default;
+  template <class... A>
+  decltype(auto) forward(A&&... args) {
+    if (!hasten_attached()) return Impl::forward(std::forward<A>(args)...);
+    hasten_enter();
+    decltype(auto) out = Impl::forward(std::forward<A>(args)...);
+    std::vector<torch::Tensor> outputs;
+    detail::outputs_of(out, outputs);
+    hasten_exit(outputs);
+    return out;
+  }
+};
+
+// The holder of a unit: hasten::Unit<torch::nn::Linear> is used like torch::nn::Linear.
+template <class Holder>
+using Unit = torch::nn::ModuleHolder<UnitImpl<typename Holder::ContainedType>>;
+
+// Bytes held on this rank (Accelerator::memory_report), now and at their peak.
+struct MemoryReport {
+  uint64_t params = 0;        // full parameters currently allocated
+  uint64_t param_shards = 0;  // parameter shards (float32 masters included)
+  uint64_t grads = 0;         // gradients, full and sharded
+  uint64_t optimizer = 0;     // optimizer state
+  uint64_t peak_params = 0;
+  uint64_t peak_param_shards = 0;
+  uint64_t peak_grads = 0;
+  uint64_t peak_optimizer = 0;
+  uint64_t at_rest() const { return params + param_shards + grads + optimizer; }
+};
+
+}  // namespace hasten

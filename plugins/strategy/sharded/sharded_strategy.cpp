@@ -1,0 +1,652 @@
+#include "sharded_strategy.hpp"
+
+#include <hasten/torch_compat.hpp>
+
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace hasten::sharded {
+
+using sdk::Error;
+
+namespace {
+
+std::vector<int64_t> shape_strides(at::IntArrayRef shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i)
+    strides[static_cast<size_t>(i)] = strides[static_cast<size_t>(i + 1)] * shape[static_cast<size_t>(i + 1)];
+  return strides;
+}
+
+// Points t at [offset, offset + numel(shape)) of flat's storage, without bumping its version
+// counter: tensors autograd saved from t share the counter, and re-pointing is not a change
+// of their values (the storage is refilled with the same values by a gather).
+void rebind(torch::Tensor& t, const torch::Tensor& flat, int64_t offset, at::IntArrayRef shape) {
+  at::AutoDispatchBelowADInplaceOrView guard;
+  t.set_(flat.storage(), flat.storage_offset() + offset, shape, shape_strides(shape));
+}
+
+// A fresh tensor over [offset, offset + numel(shape)) of flat (not an autograd view).
+torch::Tensor alias(const torch::Tensor& flat, int64_t offset, at::IntArrayRef shape) {
+  torch::NoGradGuard no_grad;
+  auto t = torch::empty({0}, flat.options().requires_grad(false));
+  t.set_(flat.storage(), flat.storage_offset() + offset, shape, shape_strides(shape));
+  return t;
+}
+
+// Frees the memory of a storage: every tensor sharing the StorageImpl (parameters, gradient
+// views, tensors autograd saved) now holds 0 bytes. Only this level returns memory.
+void storage_free(const torch::Tensor& flat) {
+  c10::StorageImpl* s = flat.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(s->allocator()->allocate(0));
+  s->set_nbytes(0);
+}
+
+void storage_alloc(const torch::Tensor& flat, size_t nbytes) {
+  c10::StorageImpl* s = flat.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+uint64_t bytes_of(const torch::Tensor& t) {
+  return t.defined() ? static_cast<uint64_t>(t.numel()) * t.element_size() : 0;
+}
+
+torch::Device device_of(const DLDevice& d) {
+  return d.device_type == kDLCUDA ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(d.device_id))
+                                  : torch::Device(torch::kCPU);
+}
+
+}  // namespace
+
+ShardedStrategy::ShardedStrategy(const hasten_host_api* host, Options options)
+    : Strategy(host), options_(std::move(options)) {
+  const auto info = sdk::process_info(host);
+  rank_ = info.rank;
+  world_ = info.world_size;
+  peak_.struct_size = sizeof(peak_);
+}
+
+ShardedStrategy::~ShardedStrategy() {
+  for (auto& m : models_)
+    for (auto& u : m->units) {
+      for (auto& h : u.hooks) h.node->del_post_hook(h.key);
+      if (u.reduce_work) host()->work_free(host(), u.reduce_work);
+      if (u.gather_work) host()->work_free(host(), u.gather_work);
+    }
+}
+
+torch::Device ShardedStrategy::shard_device() const {
+  return options_.offload_optimizer || options_.offload_params ? torch::Device(torch::kCPU) : device_;
+}
+
+void ShardedStrategy::collective(hasten_status st, const char* what) { sdk::check(host(), st, what); }
+
+void ShardedStrategy::wait(hasten_work*& work, const char* what) {
+  if (work == nullptr) return;
+  hasten_work* w = work;
+  work = nullptr;
+  const hasten_status st = host()->work_wait(host(), w, 0);
+  const std::string message = st != HASTEN_OK && host()->last_error ? host()->last_error(host()) : "";
+  host()->work_free(host(), w);
+  if (st != HASTEN_OK) throw Error(st, options_.label + ": " + what + " failed: " + message);
+}
+
+ShardedStrategy::Model& ShardedStrategy::find(torch::nn::Module& module) {
+  for (auto& m : models_)
+    if (m->module == &module) return *m;
+  throw Error(HASTEN_ERR_INVALID_USAGE, options_.label + ": this model was not prepared");
+}
+
+// ---- prepare ------------------------------------------------------------------------------
+
+void ShardedStrategy::broadcast_from_rank0(torch::nn::Module& module) {
+  if (world_ == 1) return;
+  torch::NoGradGuard no_grad;
+  std::map<std::string, std::vector<torch::Tensor>> groups;
+  for (auto& t : module.parameters()) groups[std::string(c10::toString(t.scalar_type()))].push_back(t);
+  for (auto& t : module.buffers()) groups[std::string(c10::toString(t.scalar_type()))].push_back(t);
+  for (auto& [key, group] : groups) {
+    std::vector<torch::Tensor> parts;
+    for (auto& t : group) parts.push_back(t.reshape(-1));
+    torch::Tensor flat = torch::cat(parts);
+    DLTensor v = sdk::dl_view(flat);
+    sdk::check(host(), host()->broadcast(host(), &v, 0, nullptr, nullptr), "broadcast of rank 0's weights");
+    int64_t offset = 0;
+    for (auto& t : group) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view_as(t));
+      offset += t.numel();
+    }
+  }
+}
+
+void ShardedStrategy::prepare_model(torch::nn::Module& module, const hasten_model_info& info) {
+  device_ = device_of(info.device);
+  module.to(device_);
+  broadcast_from_rank0(module);
+  auto model = std::make_unique<Model>();
+  model->module = &module;
+  build_units(*model, info);
+  Model* m = model.get();
+  models_.push_back(std::move(model));
+  for (uint32_t k = 0; k < m->units.size(); ++k) {
+    Unit& u = m->units[k];
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      locations_[u.params[i].unsafeGetTensorImpl()] = {m, k, i};
+      auto node = torch::autograd::impl::grad_accumulator(u.params[i]);
+      if (!node) throw Error(HASTEN_ERR_INVALID_ARGUMENT, options_.label + ": parameter '" + u.names[i] + "' is not a leaf");
+      const uintptr_t key = node->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, m, k, i](const std::vector<torch::Tensor>& outputs, const std::vector<torch::Tensor>&) {
+            grad_ready(*m, k, i);
+            return outputs;
+          }));
+      u.hooks.push_back({node, key});
+    }
+    // Only now: the AccumulateGrad node records the parameter's shape when it is created.
+    if (options_.stage >= 2) free_grads(u);
+    if (options_.stage == 3) free_params(u);
+  }
+  // Peaks count from here: the full model the user built before prepare is not the strategy's.
+  peak_ = hasten_memory_report{};
+  peak_.struct_size = sizeof(peak_);
+  count_peaks();
+}
+
+void ShardedStrategy::build_units(Model& m, const hasten_model_info& info) {
+  const uint32_t n_units = info.n_units > 0 ? info.n_units : 1;
+  m.units.resize(n_units);
+  std::vector<torch::nn::Module*> unit_modules(n_units);
+  for (uint32_t k = 0; k < n_units; ++k)
+    unit_modules[k] = info.units != nullptr ? &sdk::module(info.units[k]) : m.module;
+  // Every parameter belongs to the deepest unit whose subtree holds it (modules() is
+  // pre-order, so a later unit that holds a parameter lies inside the earlier ones).
+  std::map<const void*, uint32_t> owner;
+  std::vector<std::set<const torch::nn::Module*>> subtree(n_units);
+  for (uint32_t k = 0; k < n_units; ++k) {
+    for (auto& sub : unit_modules[k]->modules(/*include_self=*/true)) subtree[k].insert(sub.get());
+    for (auto& p : unit_modules[k]->parameters()) {
+      auto it = owner.find(p.unsafeGetTensorImpl());
+      if (it != owner.end() && k > 0 && subtree[it->second].count(unit_modules[k]) == 0)
+        throw Error(HASTEN_ERR_INVALID_ARGUMENT,
+                    options_.label + ": a parameter is shared by two units that do not contain each other; "
+                                     "shared parameters must belong to a common ancestor unit");
+      owner[p.unsafeGetTensorImpl()] = k;
+    }
+  }
+  for (auto& named : m.module->named_parameters()) {
+    torch::Tensor p = named.value();
+    if (!p.requires_grad()) {
+      m.frozen.push_back(p);
+      continue;
+    }
+    Unit& u = m.units[owner.count(p.unsafeGetTensorImpl()) ? owner[p.unsafeGetTensorImpl()] : 0];
+    if (!u.params.empty() && (u.params.front().scalar_type() != p.scalar_type() || u.params.front().device() != p.device()))
+      throw Error(HASTEN_ERR_UNSUPPORTED, options_.label + ": parameters of one unit must share dtype and device ('" +
+                                              named.key() + "')");
+    u.offsets.push_back(u.numel);
+    u.shapes.push_back(p.sizes().vec());
+    u.numel += p.numel();
+    u.params.push_back(p);
+    u.names.push_back(named.key());
+  }
+  const torch::Device shard_dev = shard_device();
+  for (uint32_t k = 0; k < n_units; ++k) {
+    Unit& u = m.units[k];
+    u.module = unit_modules[k];
+    if (u.params.empty()) {
+      u.params_live = u.grads_live = false;
+      continue;
+    }
+    u.padded = (u.numel + world_ - 1) / world_ * world_;
+    u.shard = u.padded / world_;
+    const auto options = u.params.front().options().requires_grad(false);
+    torch::NoGradGuard no_grad;
+    u.flat = torch::zeros({u.padded}, options);
+    u.flat_grad = torch::zeros({u.padded}, options);
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      u.flat.narrow(0, u.offsets[i], u.params[i].numel()).copy_(u.params[i].reshape(-1));
+      rebind(u.params[i], u.flat, u.offsets[i], u.params[i].sizes());
+    }
+    attach_grads(u);
+    if (options_.stage >= 1) {
+      u.master = u.flat.narrow(0, static_cast<int64_t>(rank_) * u.shard, u.shard).to(shard_dev, torch::kFloat, false, true);
+      if (options_.stage == 1)
+        u.shard_grad = alias(u.flat_grad, static_cast<int64_t>(rank_) * u.shard, {u.shard});
+      else
+        u.shard_grad = torch::zeros({u.shard}, u.master.options());
+    }
+  }
+}
+
+void ShardedStrategy::prepare_optimizer(torch::optim::Optimizer& optimizer) {
+  optimizers_.push_back(&optimizer);
+  if (options_.stage == 0) return;  // every rank steps the full parameters
+  // Re-point every parameter at this rank's piece of its unit's master shard.
+  for (auto& group : optimizer.param_groups()) {
+    std::vector<torch::Tensor> params;
+    for (auto& p : group.params()) {
+      auto it = locations_.find(p.unsafeGetTensorImpl());
+      if (it == locations_.end()) {
+        params.push_back(p);
+        continue;
+      }
+      Unit& u = it->second.model->units[it->second.unit];
+      const int64_t begin = u.offsets[it->second.index];
+      const int64_t end = begin + c10::multiply_integers(u.shapes[it->second.index]);
+      const int64_t lo = std::max<int64_t>(begin, static_cast<int64_t>(rank_) * u.shard);
+      const int64_t hi = std::min<int64_t>(end, static_cast<int64_t>(rank_ + 1) * u.shard);
+      if (lo >= hi) continue;  // the whole parameter lives on other ranks
+      const int64_t at = lo - static_cast<int64_t>(rank_) * u.shard;
+      torch::Tensor view = alias(u.master, at, {hi - lo});
+      view.requires_grad_(true);
+      view.mutable_grad() = alias(u.shard_grad, at, {hi - lo});
+      views_.push_back(view);
+      params.push_back(view);
+    }
+    group.params() = params;
+  }
+  optimizer.state().clear();  // keyed by the old parameters
+}
+
+// ---- memory of units ----------------------------------------------------------------------
+
+void ShardedStrategy::free_params(Unit& u) {
+  if (!u.params_live || u.params.empty()) return;
+  for (auto& p : u.params) rebind(p, u.flat, 0, {0});  // empty: a bypassed use fails cleanly
+  storage_free(u.flat);
+  u.params_live = false;
+  count_peaks();
+}
+
+void ShardedStrategy::begin_gather(Unit& u) {
+  if (u.params_live || u.gather_work != nullptr || u.params.empty()) return;
+  storage_alloc(u.flat, static_cast<size_t>(u.padded) * u.flat.element_size());
+  count_peaks();
+  u.staging = u.master.to(u.flat.device(), u.flat.scalar_type());
+  DLTensor in = sdk::dl_view(u.staging), out = sdk::dl_view(u.flat);
+  collective(host()->allgather(host(), &in, &out, nullptr, &u.gather_work), "parameter allgather");
+}
+
+void ShardedStrategy::finish_gather(Unit& u) {
+  if (u.params_live || u.params.empty()) return;
+  wait(u.gather_work, "parameter allgather");
+  u.staging = torch::Tensor();
+  for (size_t i = 0; i < u.params.size(); ++i) rebind(u.params[i], u.flat, u.offsets[i], u.shapes[i]);
+  u.params_live = true;
+}
+
+void ShardedStrategy::gather_now(Unit& u) {
+  begin_gather(u);
+  finish_gather(u);
+}
+
+void ShardedStrategy::alloc_grads(Unit& u) {
+  if (u.grads_live || u.params.empty()) return;
+  storage_alloc(u.flat_grad, static_cast<size_t>(u.padded) * u.flat_grad.element_size());
+  u.flat_grad.zero_();
+  u.grads_live = true;
+  attach_grads(u);
+  count_peaks();
+}
+
+void ShardedStrategy::free_grads(Unit& u) {
+  if (!u.grads_live || u.params.empty()) return;
+  for (auto& p : u.params) p.mutable_grad() = torch::Tensor();
+  storage_free(u.flat_grad);
+  u.grads_live = false;
+  count_peaks();
+}
+
+// Points every parameter's .grad into the unit's flat gradient buffer, keeping the values of
+// a gradient something else produced (a backward that did not go through the strategy).
+void ShardedStrategy::attach_grads(Unit& u) {
+  for (size_t i = 0; i < u.params.size(); ++i) attach_grad(u, i);
+}
+
+void ShardedStrategy::attach_grad(Unit& u, size_t i) {
+  if (!u.grads_live) return;
+  {
+    auto& p = u.params[i];
+    char* expected = static_cast<char*>(u.flat_grad.data_ptr()) + u.offsets[i] * u.flat_grad.element_size();
+    const auto& g = p.grad();
+    torch::Tensor view = alias(u.flat_grad, u.offsets[i], u.shapes[i]);
+    if (g.defined() && g.data_ptr() == expected && g.numel() == view.numel()) return;
+    torch::NoGradGuard no_grad;
+    if (g.defined() && g.numel() == view.numel()) view.copy_(g.reshape(view.sizes()));
+    p.mutable_grad() = view;
+  }
+}
+
+void ShardedStrategy::check_params(const Model& m, const Unit& u) const {
+  (void)m;
+  if (!u.params_live) return;
+  const c10::StorageImpl* mine = u.flat.storage().unsafeGetStorageImpl();
+  for (size_t i = 0; i < u.params.size(); ++i)
+    if (u.params[i].storage().unsafeGetStorageImpl() != mine)
+      throw Error(HASTEN_ERR_INVALID_USAGE,
+                  options_.label + ": parameter '" + u.names[i] +
+                      "' no longer lives in the strategy's storage: the model was moved (module->to()) or its "
+                      "parameters were replaced after prepare; move or load the model before prepare");
+}
+
+// ---- forward ------------------------------------------------------------------------------
+
+void ShardedStrategy::unit_pre_forward(torch::nn::Module& model, uint32_t unit) {
+  Model& m = find(model);
+  if (unit >= m.units.size()) throw Error(HASTEN_ERR_INVALID_ARGUMENT, options_.label + ": unknown unit");
+  Unit& u = m.units[unit];
+  if (std::find(m.forward_order.begin(), m.forward_order.end(), unit) == m.forward_order.end())
+    m.forward_order.push_back(unit);
+  if (options_.stage == 3) {
+    if (unit == 0) {
+      // A new forward: units an earlier forward (without a backward) left gathered go now.
+      for (uint32_t k = 1; k < m.units.size(); ++k)
+        if (m.units[k].users == 0) free_params(m.units[k]);
+    }
+    ++u.users;
+    gather_now(u);
+  }
+  check_params(m, u);
+}
+
+void ShardedStrategy::unit_post_forward(torch::nn::Module& model, uint32_t unit, at::Tensor* const* outputs,
+                                        uint32_t n_outputs) {
+  Model& m = find(model);
+  Unit& u = m.units[unit];
+  if (options_.stage >= 2 && unit != 0 && !u.params.empty()) {
+    // Before this unit's backward: gather its parameters (stage 3) and make room for its
+    // full gradients (stages 2 and 3).
+    Model* mp = &m;
+    for (uint32_t i = 0; i < n_outputs; ++i) {
+      at::Tensor& out = *outputs[i];
+      if (out.defined() && out.requires_grad())
+        out.register_hook([this, mp, unit](const at::Tensor& grad) {
+          pre_backward(*mp, unit);
+          return grad;
+        });
+    }
+  }
+  if (options_.stage == 3) {
+    --u.users;
+    if (unit != 0 && u.users == 0 && options_.reshard_after_forward && !u.keep_after_forward) free_params(u);
+  }
+}
+
+// ---- backward -----------------------------------------------------------------------------
+
+void ShardedStrategy::pre_backward(Model& m, uint32_t unit) {
+  if (!in_backward_.load()) return;
+  Unit& u = m.units[unit];
+  if (options_.stage >= 2) {
+    // Bound the full gradients alive at once: reductions launched before the latest one are
+    // finished (and their full gradients freed) before this unit's are allocated.
+    std::lock_guard<std::mutex> lock(m.mutex);
+    for (size_t i = 0; i + 1 < m.next; ++i) finish_reduction(m.units[m.plan[i]]);
+  }
+  if (options_.stage == 3) {
+    gather_now(u);
+    if (options_.backward_prefetch) {
+      // The unit expected next in backward starts gathering while this one computes.
+      auto it = std::find(m.plan.begin(), m.plan.end(), unit);
+      if (it != m.plan.end() && ++it != m.plan.end()) begin_gather(m.units[*it]);
+    }
+  }
+  alloc_grads(u);
+}
+
+void ShardedStrategy::grad_ready(Model& m, uint32_t unit, size_t param) {
+  if (!in_backward_.load()) return;  // a backward not run through Accelerator::backward
+  std::lock_guard<std::mutex> lock(m.mutex);
+  Unit& u = m.units[unit];
+  m.touched = true;
+  if (!u.grads_live) alloc_grads(u);  // no pre-backward hook fired (outputs the unit hid)
+  attach_grad(u, param);              // a gradient produced outside the buffer is copied in
+  if (--u.pending != 0) return;
+  // The unit's backward is done: its parameters can go, its gradients be reduced.
+  if (options_.stage == 3 && unit != 0) free_params(u);
+  if (m.sync) {
+    u.ready = true;
+    launch_ready(m);
+  }
+}
+
+// Launches ready reductions in the planned order: every rank issues the same collectives in
+// the same order whatever order autograd finishes units in (caller holds m.mutex).
+void ShardedStrategy::launch_ready(Model& m) {
+  while (m.next < m.plan.size() && m.units[m.plan[m.next]].ready) launch(m.units[m.plan[m.next++]]);
+}
+
+void ShardedStrategy::launch(Unit& u) {
+  if (u.params.empty() || !u.grads_live) return;
+  if (world_ > 1) u.flat_grad.div_(world_);  // average as DDP does: divide, then sum
+  if (options_.stage >= 2) {
+    u.reduced = torch::empty({u.shard}, u.flat_grad.options());
+    count_peaks();
+    DLTensor in = sdk::dl_view(u.flat_grad), out = sdk::dl_view(u.reduced);
+    collective(host()->reduce_scatter(host(), &in, &out, HASTEN_REDUCE_SUM, nullptr, &u.reduce_work),
+               "gradient reduce-scatter");
+  } else {
+    DLTensor v = sdk::dl_view(u.flat_grad);
+    collective(host()->allreduce(host(), &v, HASTEN_REDUCE_SUM, nullptr, &u.reduce_work), "gradient allreduce");
+  }
+}
+
+void ShardedStrategy::finish_reduction(Unit& u) {
+  wait(u.reduce_work, options_.stage >= 2 ? "gradient reduce-scatter" : "gradient allreduce");
+  if (options_.stage >= 2 && u.reduced.defined()) {
+    torch::NoGradGuard no_grad;
+    u.shard_grad.add_(u.reduced.to(u.shard_grad.device(), u.shard_grad.scalar_type()));
+    u.reduced = torch::Tensor();
+    free_grads(u);
+  }
+}
+
+void ShardedStrategy::set_gradient_sync(torch::nn::Module& model, bool enabled) { find(model).sync = enabled; }
+
+void ShardedStrategy::before_backward() {
+  for (auto& mp : models_) {
+    Model& m = *mp;
+    std::lock_guard<std::mutex> lock(m.mutex);
+    if (!m.forward_order.empty()) {
+      // Backward runs the units in the reverse order of the forward just done; units that did
+      // not run come last, in index order.
+      m.plan.assign(m.forward_order.rbegin(), m.forward_order.rend());
+      for (uint32_t k = 0; k < m.units.size(); ++k)
+        if (std::find(m.plan.begin(), m.plan.end(), k) == m.plan.end()) m.plan.push_back(k);
+      for (auto& u : m.units) u.keep_after_forward = false;
+      m.units[m.plan.front()].keep_after_forward = true;  // the last unit is needed right away
+      m.forward_order.clear();
+    } else if (m.plan.empty()) {
+      for (uint32_t k = 0; k < m.units.size(); ++k) m.plan.push_back(static_cast<uint32_t>(m.units.size() - 1 - k));
+    }
+    m.next = 0;
+    m.touched = false;
+    for (auto& u : m.units) {
+      u.pending = static_cast<int>(u.params.size());
+      u.ready = false;
+      check_params(m, u);
+    }
+    alloc_grads(m.units[0]);  // the model's own parameters: backward ends with them
+    for (auto& u : m.units) attach_grads(u);
+  }
+  in_backward_.store(true);
+}
+
+void ShardedStrategy::after_backward() {
+  in_backward_.store(false);
+  for (auto& mp : models_) {
+    Model& m = *mp;
+    if (m.touched && m.sync) {
+      {
+        // Units whose parameters this backward did not use: reduce them now, in order.
+        std::lock_guard<std::mutex> lock(m.mutex);
+        for (auto& u : m.units) u.ready = true;
+        launch_ready(m);
+      }
+      for (auto& u : m.units) finish_reduction(u);
+    }
+    if (options_.stage == 3)
+      for (auto& u : m.units) free_params(u);
+  }
+}
+
+// ---- optimizer step -----------------------------------------------------------------------
+
+void ShardedStrategy::before_optimizer_step(torch::optim::Optimizer&) {
+  if (options_.gradient_clipping > 0)
+    for (auto& m : models_) clip_grad_norm(*m->module, options_.gradient_clipping, 2.0);
+}
+
+void ShardedStrategy::after_optimizer_step(torch::optim::Optimizer&) {
+  torch::NoGradGuard no_grad;
+  for (auto& mp : models_) {
+    for (auto& u : mp->units) {
+      if (u.params.empty()) continue;
+      if (options_.stage == 1) {
+        // Other ranks' regions of the full gradient are theirs to use; start them from zero.
+        const int64_t lo = static_cast<int64_t>(rank_) * u.shard;
+        if (lo > 0) u.flat_grad.narrow(0, 0, lo).zero_();
+        if (lo + u.shard < u.padded) u.flat_grad.narrow(0, lo + u.shard, u.padded - lo - u.shard).zero_();
+      }
+      if (options_.stage == 1 || options_.stage == 2) begin_gather_into_live(u);
+    }
+    for (auto& u : mp->units)
+      if (options_.stage == 1 || options_.stage == 2) wait(u.gather_work, "parameter allgather");
+    for (auto& u : mp->units) u.staging = torch::Tensor();
+  }
+  count_peaks();
+}
+
+// Stages 1 and 2: the parameters stay allocated; the updated shards are gathered into them.
+void ShardedStrategy::begin_gather_into_live(Unit& u) {
+  u.staging = u.master.to(u.flat.device(), u.flat.scalar_type(), false, true);
+  DLTensor in = sdk::dl_view(u.staging), out = sdk::dl_view(u.flat);
+  collective(host()->allgather(host(), &in, &out, nullptr, &u.gather_work), "parameter allgather");
+}
+
+double ShardedStrategy::clip_grad_norm(torch::nn::Module& module, double max_norm, double norm_type) {
+  Model& m = find(module);
+  torch::NoGradGuard no_grad;
+  if (options_.stage == 0) {
+    std::vector<torch::Tensor> params;
+    for (auto& u : m.units)
+      for (auto& p : u.params) params.push_back(p);
+    return torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
+  }
+  // Each rank's shards cover disjoint pieces: combine their norms across ranks.
+  const bool inf = std::isinf(norm_type);
+  double local = 0;
+  for (auto& u : m.units) {
+    if (!u.shard_grad.defined()) continue;
+    const auto g = u.shard_grad.to(torch::kDouble);
+    local = inf ? std::max(local, g.abs().max().item<double>()) : local + g.abs().pow(norm_type).sum().item<double>();
+  }
+  double combined = local;
+  if (world_ > 1) {
+    int64_t shape[1] = {1};
+    DLTensor t{};
+    t.data = &combined;
+    t.device = {kDLCPU, 0};
+    t.ndim = 1;
+    t.dtype = {kDLFloat, 64, 1};
+    t.shape = shape;
+    sdk::check(host(), host()->allreduce(host(), &t, inf ? HASTEN_REDUCE_MAX : HASTEN_REDUCE_SUM, nullptr, nullptr),
+               "gradient norm allreduce");
+  }
+  const double total = inf ? combined : std::pow(combined, 1.0 / norm_type);
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0)
+    for (auto& u : m.units)
+      if (u.shard_grad.defined()) u.shard_grad.mul_(coef);
+  return total;
+}
+
+// ---- reports and state dicts --------------------------------------------------------------
+
+void ShardedStrategy::count_peaks() {
+  hasten_memory_report now{};
+  now.struct_size = sizeof(now);
+  memory_report(now);
+}
+
+void ShardedStrategy::memory_report(hasten_memory_report& out) {
+  uint64_t params = 0, shards = 0, grads = 0, optimizer = 0;
+  for (auto& m : models_) {
+    for (auto& p : m->frozen) params += bytes_of(p);
+    for (auto& u : m->units) {
+      if (u.params.empty()) continue;
+      if (u.params_live) params += bytes_of(u.flat);
+      if (u.staging.defined()) shards += bytes_of(u.staging);
+      shards += bytes_of(u.master);
+      if (u.grads_live) grads += bytes_of(u.flat_grad);
+      if (options_.stage >= 2) grads += bytes_of(u.shard_grad);  // stage 1's is a view of flat_grad
+      grads += bytes_of(u.reduced);
+    }
+  }
+  for (auto* o : optimizers_) optimizer += sdk::optimizer_state_bytes(*o);
+  peak_.peak_params = std::max(peak_.peak_params, params);
+  peak_.peak_param_shards = std::max(peak_.peak_param_shards, shards);
+  peak_.peak_grads = std::max(peak_.peak_grads, grads);
+  peak_.peak_optimizer = std::max(peak_.peak_optimizer, optimizer);
+  out.params = params;
+  out.param_shards = shards;
+  out.grads = grads;
+  out.optimizer = optimizer;
+  out.peak_params = peak_.peak_params;
+  out.peak_param_shards = peak_.peak_param_shards;
+  out.peak_grads = peak_.peak_grads;
+  out.peak_optimizer = peak_.peak_optimizer;
+}
+
+void ShardedStrategy::state_dict(torch::nn::Module& module, int32_t kind, const Emit& emit) {
+  Model& m = find(module);
+  torch::NoGradGuard no_grad;
+  if (kind == 1) {
+    // This rank's pieces of every parameter, named "<name>@<offset>:<length>".
+    for (auto& u : m.units) {
+      if (u.params.empty()) continue;
+      const torch::Tensor source = options_.stage >= 1 ? u.master : u.flat.narrow(0, rank_ * u.shard, u.shard);
+      for (size_t i = 0; i < u.params.size(); ++i) {
+        const int64_t begin = u.offsets[i], end = begin + c10::multiply_integers(u.shapes[i]);
+        const int64_t lo = std::max<int64_t>(begin, rank_ * u.shard), hi = std::min<int64_t>(end, (rank_ + 1) * u.shard);
+        if (lo >= hi) continue;
+        torch::Tensor piece = source.narrow(0, lo - rank_ * u.shard, hi - lo).clone();
+        emit(u.names[i] + "@" + std::to_string(lo - begin) + ":" + std::to_string(hi - lo), piece);
+      }
+    }
+    return;
+  }
+  // The full tensors on rank 0, one unit at a time: no rank holds more than one unit beyond
+  // its shards.
+  for (auto& u : m.units) {
+    if (u.params.empty()) continue;
+    const bool gathered_here = !u.params_live;
+    gather_now(u);
+    if (rank_ == 0)
+      for (size_t i = 0; i < u.params.size(); ++i) {
+        torch::Tensor copy = u.params[i].detach().clone();
+        emit(u.names[i], copy);
+      }
+    if (gathered_here) free_params(u);
+  }
+  if (rank_ == 0) {
+    std::set<const void*> sharded;
+    for (auto& u : m.units)
+      for (auto& p : u.params) sharded.insert(p.unsafeGetTensorImpl());
+    for (auto& named : module.named_parameters())
+      if (!sharded.count(named.value().unsafeGetTensorImpl())) {
+        torch::Tensor copy = named.value().detach().clone();
+        emit(named.key(), copy);
+      }
+    for (auto& named : module.named_buffers()) {
+      torch::Tensor copy = named.value().detach().clone();
+      emit(named.key(), copy);
+    }
+  }
+}
+
+}  // namespace hasten::sharded

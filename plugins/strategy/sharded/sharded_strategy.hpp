@@ -1,0 +1,152 @@
+// The sharding engine behind the "zero" and "fsdp" strategies (one implementation, two
+// option vocabularies). Policy by stage:
+//   0  nothing sharded: gradients averaged per unit (FSDP's NO_SHARD, DDP-equivalent)
+//   1  optimizer state sharded: gradients averaged in full, each rank steps its shard, the
+//      updated shards are all-gathered into the parameters
+//   2  + gradients sharded: each unit's gradients are reduce-scattered as soon as backward has
+//      produced them, and the full gradients are freed
+//   3  + parameters sharded at rest: a unit's parameters are gathered before its forward and
+//      again before its backward, and freed after each
+// Offload keeps the float32 master shards, their gradients and the optimizer state on the CPU.
+//
+// Mechanics (../shared/research/fsdp-cpp.md): each unit's parameters become views into one
+// flat buffer (set_, not autograd views); their gradients views into a flat gradient buffer;
+// freeing returns a buffer's memory at the StorageImpl level and turns its parameters into
+// empty tensors (without a version bump), so a unit used outside its wrapper fails with a
+// shape error instead of reading freed memory. Gradient-ready events come from post-hooks on
+// the parameters' AccumulateGrad nodes; pre-backward gathers from hooks on the unit outputs.
+// The optimizer the user made is re-pointed at 1-D views of this rank's shard, param groups
+// kept, so any element-wise torch::optim optimizer trains the shards.
+#pragma once
+
+#include <hasten/plugin.hpp>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace hasten::sharded {
+
+struct Options {
+  int stage = 2;
+  bool offload_optimizer = false;  // master shards, their gradients and optimizer state on the CPU
+  bool offload_params = false;     // stage 3: parameters live only as CPU shards at rest
+  bool reshard_after_forward = true;
+  bool backward_prefetch = false;  // gather the next unit while the current one runs backward
+  double gradient_clipping = 0;    // > 0: clip the global norm before every step
+  std::string label = "zero";      // the plugin's name, for messages
+};
+
+Options parse_zero_options(std::string_view json);
+Options parse_fsdp_options(std::string_view json, int num_nodes);
+
+class ShardedStrategy final : public sdk::Strategy {
+ public:
+  ShardedStrategy(const hasten_host_api* host, Options options);
+  ~ShardedStrategy() override;
+
+  void prepare_model(torch::nn::Module& model, const hasten_model_info& info) override;
+  void prepare_optimizer(torch::optim::Optimizer& optimizer) override;
+  void set_gradient_sync(torch::nn::Module& model, bool enabled) override;
+  void before_backward() override;
+  void after_backward() override;
+  void before_optimizer_step(torch::optim::Optimizer& optimizer) override;
+  void after_optimizer_step(torch::optim::Optimizer& optimizer) override;
+  double clip_grad_norm(torch::nn::Module& model, double max_norm, double norm_type) override;
+  void unit_pre_forward(torch::nn::Module& model, uint32_t unit) override;
+  void unit_post_forward(torch::nn::Module& model, uint32_t unit, at::Tensor* const* outputs,
+                         uint32_t n_outputs) override;
+  void memory_report(hasten_memory_report& out) override;
+  void state_dict(torch::nn::Module& model, int32_t kind, const Emit& emit) override;
+
+ private:
+  struct Hook {
+    std::shared_ptr<torch::autograd::Node> node;  // kept alive: parameters hold it weakly
+    uintptr_t key = 0;
+  };
+
+  struct Unit {
+    torch::nn::Module* module = nullptr;
+    std::vector<torch::Tensor> params;  // owned by this unit, require grad
+    std::vector<std::string> names;     // their names in the model
+    std::vector<int64_t> offsets;
+    std::vector<std::vector<int64_t>> shapes;  // kept: freed parameters are empty tensors
+    int64_t numel = 0, padded = 0, shard = 0;
+    torch::Tensor flat;        // full parameters (compute device); memory freed at rest in stage 3
+    torch::Tensor flat_grad;   // full gradients; freed between reductions in stages 2 and 3
+    torch::Tensor master;      // this rank's shard of the parameters (float32 master)
+    torch::Tensor shard_grad;  // its gradients (a view of flat_grad in stage 1)
+    torch::Tensor reduced;     // reduce-scatter output, only while a reduction is in flight
+    torch::Tensor staging;     // allgather input, only while a gather is in flight
+    bool params_live = true, grads_live = true;
+    int users = 0;             // forwards under way
+    int pending = 0;           // gradients not yet produced in this backward
+    bool ready = false;
+    hasten_work* reduce_work = nullptr;
+    hasten_work* gather_work = nullptr;
+    bool keep_after_forward = false;
+    std::vector<Hook> hooks;
+  };
+
+  struct Model {
+    torch::nn::Module* module = nullptr;
+    std::vector<Unit> units;
+    std::vector<uint32_t> forward_order;  // units in the order of their first forward this pass
+    std::vector<uint32_t> plan;           // expected backward order: the last forward reversed
+    size_t next = 0;                      // next unit of `plan` to reduce
+    bool sync = true;
+    bool touched = false;
+    std::vector<torch::Tensor> frozen;    // parameters that need no gradient: never sharded
+    std::mutex mutex;
+  };
+
+  // Where a parameter lives, for re-pointing optimizers.
+  struct Location {
+    Model* model;
+    uint32_t unit;
+    size_t index;
+  };
+
+  Model& find(torch::nn::Module& module);
+  void build_units(Model& m, const hasten_model_info& info);
+  void broadcast_from_rank0(torch::nn::Module& module);
+
+  // Memory of a unit's flat buffers.
+  void free_params(Unit& u);
+  void begin_gather(Unit& u);
+  void finish_gather(Unit& u);
+  void gather_now(Unit& u);
+  void begin_gather_into_live(Unit& u);
+  void alloc_grads(Unit& u);
+  void free_grads(Unit& u);
+  void attach_grads(Unit& u);
+  void attach_grad(Unit& u, size_t param);
+  void check_params(const Model& m, const Unit& u) const;
+
+  void grad_ready(Model& m, uint32_t unit, size_t param);
+  void launch_ready(Model& m);
+  void launch(Unit& u);
+  void finish_reduction(Unit& u);
+  void pre_backward(Model& m, uint32_t unit);
+
+  void collective(hasten_status st, const char* what);
+  void wait(hasten_work*& work, const char* what);
+  torch::Device shard_device() const;
+  void count_peaks();
+
+  Options options_;
+  int rank_ = 0, world_ = 1;
+  torch::Device device_{torch::kCPU};
+  std::atomic<bool> in_backward_{false};
+  std::vector<std::unique_ptr<Model>> models_;
+  std::map<const void*, Location> locations_;  // TensorImpl* of an original parameter
+  std::vector<torch::optim::Optimizer*> optimizers_;
+  std::vector<torch::Tensor> views_;  // the optimizer's shard views (keep their TensorImpls alive)
+  hasten_memory_report peak_{};
+};
+
+}  // namespace hasten::sharded

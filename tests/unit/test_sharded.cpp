@@ -1,0 +1,148 @@
+// Sharding units and the zero/fsdp strategies through the public API: misuse gives clear
+// errors (never a crash), state dicts, several models, memory reports.
+#include <hasten/hasten.hpp>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "test_util.hpp"
+
+using hasten::Accelerator;
+using hasten::Options;
+namespace F = torch::nn::functional;
+
+namespace {
+
+Options with(const std::string& strategy) {
+  static hasten::test::TempDir home;
+  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  Options o;
+  o.strategy = strategy;
+  return o;
+}
+
+// Two unit layers; `bypass` calls the second through its base type, as a mistake would.
+struct NetImpl : torch::nn::Module {
+  explicit NetImpl(bool bypass) : bypass(bypass) {
+    fc1 = register_module("fc1", hasten::Unit<torch::nn::Linear>(8, 16));
+    fc2 = register_module("fc2", hasten::Unit<torch::nn::Linear>(16, 4));
+    scale = register_parameter("scale", torch::ones({4}));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto h = torch::relu(fc1(x));
+    auto base = std::static_pointer_cast<torch::nn::LinearImpl>(fc2.ptr());
+    return (bypass ? base->forward(h) : fc2(h)) * scale;
+  }
+  hasten::Unit<torch::nn::Linear> fc1{nullptr}, fc2{nullptr};
+  torch::Tensor scale;
+  bool bypass;
+};
+
+}  // namespace
+
+TEST(Units, AreTheirModuleOutsideASharingStrategy) {
+  torch::manual_seed(0);
+  hasten::Unit<torch::nn::Linear> unit(3, 2);
+  torch::manual_seed(0);
+  torch::nn::Linear plain(3, 2);
+  EXPECT_TRUE(torch::equal(unit->weight, plain->weight));  // same initialisation
+  auto x = torch::randn({5, 3});
+  EXPECT_TRUE(torch::equal(unit(x), plain(x)));
+  torch::nn::Sequential seq(hasten::Unit<torch::nn::Linear>(3, 3), torch::nn::ReLU());  // AnyModule accepts units
+  EXPECT_EQ(seq->forward(x).sizes(), x.sizes());
+}
+
+TEST(Units, ZeroStage3FreesParametersAtRestAndGathersThemForForward) {
+  Options o = with("zero3");
+  Accelerator acc(o);
+  torch::manual_seed(0);
+  auto net = std::make_shared<NetImpl>(false);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, opt] = acc.prepare(net, sgd);
+  EXPECT_EQ(net->fc1->weight.numel(), 0) << "stage 3 keeps no full parameters at rest";
+  auto x = torch::randn({4, 8});
+  for (int i = 0; i < 3; ++i) {
+    acc.backward(model(x).pow(2).mean());
+    opt.step();
+    opt.zero_grad();
+  }
+  const auto report = acc.memory_report();
+  EXPECT_EQ(report.params, 0u);
+  EXPECT_GT(report.param_shards, 0u);
+  // The full state dict gathers every unit; the model is back to sharded afterwards.
+  auto state = acc.get_state_dict(model);
+  ASSERT_EQ(state.size(), 5u);
+  for (auto& [name, t] : state) EXPECT_GT(t.numel(), 0) << name;
+  EXPECT_EQ(net->fc2->weight.numel(), 0);
+}
+
+TEST(Units, ACallThroughABasePointerIsAClearError) {
+  Accelerator acc(with("zero3"));
+  auto net = std::make_shared<NetImpl>(true);
+  auto model = acc.prepare(net);
+  try {
+    model(torch::randn({4, 8}));
+    FAIL() << "a bypassed unit must not run on freed parameters";
+  } catch (const hasten::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("call it through its Unit type"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Units, AModelMovedAfterPrepareIsAClearError) {
+  Accelerator acc(with("zero2"));
+  auto net = std::make_shared<NetImpl>(false);
+  auto model = acc.prepare(net);
+  net->to(torch::kDouble);
+  try {
+    model(torch::randn({4, 8}, torch::kDouble));
+    FAIL() << "a moved model must be refused";
+  } catch (const hasten::PluginError& e) {
+    EXPECT_NE(std::string(e.what()).find("the model was moved"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Units, SeveralModelsAndShardedStateDictsCoverEveryParameter) {
+  hasten::test::TempDir dir;
+  hasten::LaunchOptions lo;
+  lo.num_processes = 2;
+  lo.env["HASTEN_HOME"] = dir.path().string();
+  hasten::launch(
+      [] {
+        Options o;
+        o.strategy = "zero3";
+        Accelerator acc(o);
+        torch::manual_seed(0);
+        auto a = std::make_shared<NetImpl>(false);
+        auto b = std::make_shared<NetImpl>(false);
+        torch::optim::Adam adam(a->parameters(), torch::optim::AdamOptions(1e-2));
+        torch::optim::SGD sgd(b->parameters(), torch::optim::SGDOptions(1e-2));
+        auto [ma, mb, oa, ob] = acc.prepare(a, b, adam, sgd);
+        auto x = torch::randn({4, 8});
+        for (int i = 0; i < 2; ++i) {
+          acc.backward(ma(x).pow(2).mean() + mb(x).abs().mean());
+          oa.step();
+          ob.step();
+          oa.zero_grad();
+          ob.zero_grad();
+        }
+        // The pieces of all ranks' sharded state dicts rebuild the full one exactly.
+        auto full = acc.get_state_dict(ma);
+        auto pieces = acc.get_sharded_state_dict(ma);
+        int64_t mine = 0;
+        for (auto& [name, t] : pieces) mine += t.numel();
+        const int64_t total = acc.reduce(torch::tensor({mine}), "sum").item<int64_t>();
+        if (total != 8 * 16 + 16 + 16 * 4 + 4 + 4) throw std::runtime_error("shards cover " + std::to_string(total));
+        auto gathered = acc.gather(torch::cat([&] {
+          std::vector<torch::Tensor> flat;
+          for (auto& [name, t] : pieces) flat.push_back(t.reshape(-1));
+          return flat;
+        }()));
+        if (acc.is_main_process()) {
+          double sum_full = 0;
+          for (auto& [name, t] : full) sum_full += t.sum().item<double>();
+          if (std::abs(sum_full - gathered.sum().item<double>()) > 1e-4)
+            throw std::runtime_error("sharded pieces do not add up to the full state dict");
+        }
+      },
+      lo);
+}
