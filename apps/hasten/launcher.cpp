@@ -11,13 +11,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <atomic>
 #include <memory>
+#include <thread>
 
 namespace hasten::cli {
 
@@ -40,6 +43,13 @@ struct Worker {
   pid_t pid = -1;
   bool running = false;
   int status = 0;
+  // Set by the worker's waiter thread the moment the process ends, so that when several end
+  // in one polling round the first to fail is the one named (a peer that notices the death
+  // and exits a moment later is not the cause).
+  std::atomic<bool> exited{false};
+  std::atomic<int> exit_status{0};
+  std::chrono::steady_clock::time_point exit_time;
+  std::thread waiter;
   Stream out, err;
   std::unique_ptr<std::ofstream> log;
 };
@@ -181,6 +191,17 @@ int run_workers(const LaunchPlan& plan) {
   const bool use_pipes = plan.prefix_output || !plan.log_dir.empty();
 
   std::vector<Worker> workers(static_cast<size_t>(plan.local_world_size));
+  // Every exit from here kills what still runs and joins the waiter threads.
+  struct Reaper {
+    std::vector<Worker>& workers;
+    ~Reaper() {
+      for (auto& w : workers)
+        if (w.waiter.joinable()) {
+          if (!w.exited.load()) ::kill(-w.pid, SIGKILL);
+          w.waiter.join();
+        }
+    }
+  } reaper{workers};
   for (int lr = 0; lr < plan.local_world_size; ++lr) {
     Worker& w = workers[static_cast<size_t>(lr)];
     w.local_rank = lr;
@@ -230,6 +251,14 @@ int run_workers(const LaunchPlan& plan) {
     ::setpgid(pid, pid);
     w.pid = pid;
     w.running = true;
+    w.waiter = std::thread([&w] {
+      int st = 0;
+      while (::waitpid(w.pid, &st, 0) < 0 && errno == EINTR) {
+      }
+      w.exit_time = std::chrono::steady_clock::now();
+      w.exit_status.store(st);
+      w.exited.store(true);
+    });
     if (use_pipes) {
       ::close(out_pipe[1]);
       ::close(err_pipe[1]);
@@ -281,34 +310,34 @@ int run_workers(const LaunchPlan& plan) {
     } else {
       ::usleep(50 * 1000);
     }
-    // Exits.
-    bool any_running = false;
-    for (size_t i = 0; i < workers.size(); ++i) {
+    // Exits, in the order they happened.
+    std::vector<size_t> ended;
+    for (size_t i = 0; i < workers.size(); ++i)
+      if (workers[i].running && workers[i].exited.load()) ended.push_back(i);
+    std::sort(ended.begin(), ended.end(), [&](size_t a, size_t b) { return workers[a].exit_time < workers[b].exit_time; });
+    for (size_t i : ended) {
       Worker& w = workers[i];
-      if (!w.running) continue;
-      int status = 0;
-      const pid_t r = ::waitpid(w.pid, &status, WNOHANG);
-      if (r == w.pid) {
-        w.running = false;
-        w.status = status;
-        const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        if (failed && first_failure < 0 && !stopping) {
-          first_failure = static_cast<int>(i);
-          if (plan.world_size > 1)  // with one worker its own output says what happened
-            std::cerr << "hasten launch: rank " << w.rank << " (pid " << w.pid << ") " << describe(status)
-                      << "; stopping the other workers" << std::endl;
-          signal_all(workers, SIGTERM);
-          begin_stop();
-        }
-        // Its descendants go with it.
-        ::kill(-w.pid, SIGKILL);
-      } else {
-        any_running = true;
+      w.running = false;
+      w.status = w.exit_status.load();
+      const int status = w.status;
+      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      if (failed && first_failure < 0 && !stopping) {
+        first_failure = static_cast<int>(i);
+        if (plan.world_size > 1)  // with one worker its own output says what happened
+          std::cerr << "hasten launch: rank " << w.rank << " (pid " << w.pid << ") " << describe(status)
+                    << "; stopping the other workers" << std::endl;
+        signal_all(workers, SIGTERM);
+        begin_stop();
       }
+      ::kill(-w.pid, SIGKILL);  // its descendants go with it
     }
+    bool any_running = false;
+    for (auto& w : workers) any_running = any_running || w.running;
     if (!any_running) break;
     if (stopping && clock::now() > kill_deadline) signal_all(workers, SIGKILL);
   }
+  for (auto& w : workers)
+    if (w.waiter.joinable()) w.waiter.join();
   // What is left in the pipes.
   for (auto& w : workers)
     for (Stream* s : {&w.out, &w.err})

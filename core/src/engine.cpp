@@ -172,7 +172,8 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
   if (s.process.world_size > 1) {
     s.store = rendezvous(s.process, s.host.timeout_ms);
     s.host.store = s.store.get();
-    const std::string cpu_name = s.config.comm == "auto" ? "gloo" : s.config.comm;
+    // auto: shared memory when every rank is on this machine, Gloo's TCP otherwise.
+    const std::string cpu_name = s.config.comm != "auto" ? s.config.comm : s.process.num_nodes == 1 ? "shm" : "gloo";
     auto cpu = std::make_unique<CommInstance>(registry.select(PluginKind::Comm, cpu_name), &s.host.api,
                                               s.config.comm_options);
     if (!cpu->supports_device(kDLCPU))

@@ -41,7 +41,8 @@ torch::Tensor contribution(int rank, int64_t n, torch::ScalarType dtype) {
 void all_operations_and_dtypes() {
   Accelerator acc;
   const int w = acc.num_processes(), r = acc.process_index();
-  require(acc.comm_backend() == "gloo", "the CPU backend is " + acc.comm_backend());
+  const std::string expected = std::getenv("HASTEN_COMM");
+  require(acc.comm_backend() == expected, "the CPU backend is " + acc.comm_backend() + ", expected " + expected);
   const std::vector<torch::ScalarType> dtypes = {torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kHalf, torch::kLong};
   const std::vector<std::pair<ReduceOp, const char*>> ops = {
       {ReduceOp::Sum, "sum"}, {ReduceOp::Avg, "avg"}, {ReduceOp::Min, "min"}, {ReduceOp::Max, "max"}};
@@ -104,9 +105,42 @@ void all_operations_and_dtypes() {
 
 }  // namespace
 
-TEST(Gloo, EveryOperationAndDtypeWithTwoRanks) { hasten::launch(all_operations_and_dtypes, with_ranks(2)); }
+TEST(Gloo, EveryOperationAndDtypeWithTwoRanks) {
+  hasten::launch(all_operations_and_dtypes, with_ranks(2, {{"HASTEN_COMM", "gloo"}}));
+}
 
-TEST(Gloo, EveryOperationAndDtypeWithThreeRanks) { hasten::launch(all_operations_and_dtypes, with_ranks(3)); }
+TEST(Gloo, EveryOperationAndDtypeWithThreeRanks) {
+  hasten::launch(all_operations_and_dtypes, with_ranks(3, {{"HASTEN_COMM", "gloo"}}));
+}
+
+TEST(Shm, EveryOperationAndDtypeWithTwoRanks) {
+  hasten::launch(all_operations_and_dtypes, with_ranks(2, {{"HASTEN_COMM", "shm"}}));
+}
+
+TEST(Shm, EveryOperationAndDtypeWithThreeRanks) {
+  hasten::launch(all_operations_and_dtypes, with_ranks(3, {{"HASTEN_COMM", "shm"}}));
+}
+
+TEST(Shm, IsTheDefaultOnOneMachineAndChunksLargeBuffers) {
+  // 1 MiB buffers: a 3 MB tensor goes through in several chunks.
+  hasten::launch(
+      [] {
+        Accelerator acc;
+        require(acc.comm_backend() == "shm", "auto picked " + acc.comm_backend());
+        const int w = acc.num_processes(), r = acc.process_index();
+        auto t = torch::full({750001}, static_cast<float>(r + 1));
+        acc.all_reduce_(t, ReduceOp::Avg).wait();
+        require(t.eq((w + 1) / 2.0f).all().item<bool>(), "chunked allreduce");
+        auto g = acc.gather(torch::full({300000}, static_cast<float>(r)));
+        require(g.narrow(0, 300000, 300000).eq(1.0f).all().item<bool>(), "chunked allgather");
+        auto rs = acc.reduce_scatter(torch::ones({2 * 400000}), ReduceOp::Sum);
+        require(rs.eq(2.0f).all().item<bool>() && rs.numel() == 400000, "chunked reduce_scatter");
+        auto b = torch::full({500000}, static_cast<float>(r));
+        acc.broadcast_(b, 1);
+        require(b.eq(1.0f).all().item<bool>(), "chunked broadcast");
+      },
+      with_ranks(2, {{"HASTEN_COMM_OPTIONS", "{buffer_mb: 1}"}}));
+}
 
 TEST(Distributed, GatherForMetricsIsExact) {
   // 9 samples, batch 5, 2 ranks: rank 1's batch is padded with one repeated sample.
@@ -189,7 +223,7 @@ TEST(Distributed, ADeadPeerIsAnErrorOnTheOthersNotAHang) {
           }
         },
         [] {
-          auto o = with_ranks(2, {{"HASTEN_TIMEOUT_S", "20"}});
+          auto o = with_ranks(2, {{"HASTEN_TIMEOUT_S", "20"}, {"HASTEN_COMM", "gloo"}});
           o.grace_s = 15;
           return o;
         }());
@@ -202,6 +236,36 @@ TEST(Distributed, ADeadPeerIsAnErrorOnTheOthersNotAHang) {
   std::ifstream in(marker);
   std::string text((std::istreambuf_iterator<char>(in)), {});
   EXPECT_NE(text.find("gloo"), std::string::npos) << "rank 0 did not get an error from its collective: " << text;
+}
+
+TEST(Shm, ADeadPeerIsAnErrorNotAHang) {
+  hasten::test::TempDir dir;
+  const std::string marker = (dir.path() / "rank0.txt").string();
+  try {
+    auto o = with_ranks(2, {{"HASTEN_TIMEOUT_S", "20"}, {"HASTEN_COMM", "shm"}});
+    o.grace_s = 15;
+    hasten::launch(
+        [marker] {
+          Accelerator acc;
+          auto t = torch::ones({4});
+          acc.all_reduce_(t).wait();
+          if (acc.process_index() == 1) std::_Exit(7);
+          std::signal(SIGTERM, SIG_IGN);
+          try {
+            acc.all_reduce_(t).wait();
+          } catch (const hasten::Error& e) {
+            std::ofstream(marker) << e.what();
+            throw;
+          }
+        },
+        o);
+    FAIL();
+  } catch (const hasten::Error&) {
+  }
+  std::ifstream in(marker);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(text.find("shm: rank 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("died during allreduce"), std::string::npos) << text;
 }
 
 TEST(Distributed, InProcessLauncherReportsAFailingRank) {

@@ -1,0 +1,398 @@
+// Comm plugin "shm": collectives between the processes of one machine through POSIX shared
+// memory, no sockets (the approach of DeepSpeed's CPU shm allreduce and oneCCL). C tier.
+//
+// Each rank owns a segment: a control block with three completion counters and two buffers
+// (data, result). Every rank maps every segment. An allreduce of a chunk is three phases,
+// each ending when every rank has published the phase's counter:
+//   1. each rank copies its input chunk into its data buffer;
+//   2. rank r reduces slice r of the chunk over every rank's data buffer (in rank order, so the
+//      result is the same wherever it is computed) into its result buffer;
+//   3. each rank copies every slice from its owner's result buffer into its output.
+// The third counter tells a rank that everybody has finished reading its buffers, so the next
+// operation may overwrite them. Waits spin, then yield; they check a deadline and whether the
+// peers are alive, so a dead peer is HASTEN_ERR_REMOTE and a hung one HASTEN_ERR_TIMEOUT.
+// Operations run on the caller's thread and complete before they return: on one machine the
+// latency of a hand-off to another thread is what this plugin exists to avoid.
+#include <hasten/plugin.hpp>
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "reduce_kernels.hpp"
+
+namespace {
+
+using hasten::sdk::Error;
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kLine = 64;
+constexpr size_t kControlBytes = 4096;
+
+struct alignas(kLine) Counter {
+  std::atomic<uint64_t> value;
+  char pad[kLine - sizeof(std::atomic<uint64_t>)];
+};
+
+struct Control {
+  Counter phase[3];
+  std::atomic<int32_t> pid;
+  uint64_t capacity;  // bytes of each of the two buffers
+};
+static_assert(sizeof(Control) <= kControlBytes, "control block");
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory counters need lock-free atomics");
+
+struct Segment {
+  void* base = nullptr;
+  size_t size = 0;
+  Control* control() const { return static_cast<Control*>(base); }
+  char* data() const { return static_cast<char*>(base) + kControlBytes; }
+  char* result() const { return data() + control()->capacity; }
+};
+
+void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+size_t elements(const DLTensor& t) {
+  size_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) n *= static_cast<size_t>(t.shape[i]);
+  return n;
+}
+size_t element_size(const DLTensor& t) { return (t.dtype.bits * t.dtype.lanes + 7) / 8; }
+char* data_of(const DLTensor& t) { return static_cast<char*>(t.data) + t.byte_offset; }
+
+void require_cpu(const DLTensor& t, const char* op) {
+  if (t.device.device_type != kDLCPU)
+    throw Error(HASTEN_ERR_UNSUPPORTED, std::string("shm ") + op + ": only CPU buffers (got device type " +
+                                            std::to_string(t.device.device_type) + ")");
+  if (t.strides != nullptr) {
+    int64_t expected = 1;
+    for (int i = t.ndim - 1; i >= 0; --i) {
+      if (t.shape[i] != 1 && t.strides[i] != expected)
+        throw Error(HASTEN_ERR_INVALID_ARGUMENT, std::string("shm ") + op + ": buffers must be contiguous");
+      expected *= t.shape[i];
+    }
+  }
+}
+
+class ShmComm final : public hasten::sdk::Comm {
+ public:
+  ShmComm(const hasten_host_api* host, std::string_view options) : Comm(host) {
+    const std::string o(options);
+    const std::string key = "\"buffer_mb\":";
+    if (const auto at = o.find(key); at != std::string::npos) {
+      const double mb = std::strtod(o.c_str() + at + key.size(), nullptr);
+      if (!(mb >= 1 && mb <= 4096))
+        throw Error(HASTEN_ERR_INVALID_ARGUMENT, "shm options: buffer_mb must be 1 to 4096, got " + o);
+      capacity_ = static_cast<size_t>(mb * 1024 * 1024) / kLine * kLine;
+    } else if (o != "{}" && o != "null") {
+      throw Error(HASTEN_ERR_INVALID_ARGUMENT, "shm options: unknown key in " + o + " (allowed: buffer_mb)");
+    }
+  }
+
+  ~ShmComm() override {
+    for (auto& s : segments_)
+      if (s.base != nullptr) ::munmap(s.base, s.size);
+    if (!my_name_.empty() && !unlinked_) ::shm_unlink(my_name_.c_str());
+  }
+
+  void init(const hasten_comm_init& init) override {
+    rank_ = init.rank;
+    world_ = init.world_size;
+    timeout_ = std::chrono::milliseconds(init.timeout_ms > 0 ? init.timeout_ms : 1800000);
+    prefix_ = init.store_prefix ? init.store_prefix : "shm/";
+    const auto info = hasten::sdk::process_info(host());
+    if (info.num_nodes > 1)
+      throw Error(HASTEN_ERR_UNSUPPORTED, "shm: the run spans " + std::to_string(info.num_nodes) +
+                                              " machines; shared memory connects the ranks of one machine (use gloo)");
+    // Rank 0 names the run's segments; each rank creates its own, then maps everyone's.
+    std::string token;
+    if (rank_ == 0) {
+      std::random_device rd;
+      token = "/hasten-" + std::to_string(::getpid()) + "-" + std::to_string(rd() % 1000000000u);
+      store_set("token", token);
+    } else {
+      token = store_get("token");
+    }
+    my_name_ = token + "-" + std::to_string(rank_);
+    const size_t size = kControlBytes + 2 * capacity_;
+    const int fd = ::shm_open(my_name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) throw Error(HASTEN_ERR_SYSTEM, "shm: cannot create " + my_name_ + ": " + std::strerror(errno));
+    if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      ::close(fd);
+      throw Error(HASTEN_ERR_SYSTEM, "shm: cannot size " + my_name_ + " to " + std::to_string(size) +
+                                         " bytes (is /dev/shm large enough?): " + std::strerror(errno));
+    }
+    segments_.resize(static_cast<size_t>(world_));
+    segments_[static_cast<size_t>(rank_)] = map(fd, size, my_name_);
+    Control* mine = segments_[static_cast<size_t>(rank_)].control();
+    for (auto& c : mine->phase) c.value.store(0, std::memory_order_relaxed);
+    mine->capacity = capacity_;
+    mine->pid.store(::getpid(), std::memory_order_release);
+    arrive("created");
+    for (int q = 0; q < world_; ++q) {
+      if (q == rank_) continue;
+      const std::string name = token + "-" + std::to_string(q);
+      const int pfd = ::shm_open(name.c_str(), O_RDWR, 0600);
+      if (pfd < 0)
+        throw Error(HASTEN_ERR_SYSTEM, "shm: rank " + std::to_string(rank_) + " cannot open rank " + std::to_string(q) +
+                                           "'s segment " + name + " (are all ranks on one machine?): " + std::strerror(errno));
+      segments_[static_cast<size_t>(q)] = map(pfd, size, name);
+      if (segments_[static_cast<size_t>(q)].control()->capacity != capacity_)
+        throw Error(HASTEN_ERR_INVALID_ARGUMENT, "shm: ranks disagree on buffer_mb");
+    }
+    arrive("mapped");
+    ::shm_unlink(my_name_.c_str());  // everyone has it mapped: the memory goes when the last rank exits
+    unlinked_ = true;
+  }
+
+  bool supports_device(int32_t device_type) override { return device_type == kDLCPU; }
+
+  hasten_work* allreduce(DLTensor& buffer, hasten_reduce_op op, const hasten_coll_options* o) override {
+    require_cpu(buffer, "allreduce");
+    const auto kernel = hasten::comm::reduce_kernel(buffer.dtype, op);
+    std::lock_guard<std::mutex> lock(mutex_);
+    const size_t es = element_size(buffer), n = elements(buffer);
+    if (world_ == 1) {
+      if (op == HASTEN_REDUCE_AVG) hasten::comm::divide(data_of(buffer), n, buffer.dtype, 1);
+      return nullptr;
+    }
+    const auto deadline = Clock::now() + timeout_of(o);
+    const size_t per_chunk = capacity_ / es;
+    char* buf = data_of(buffer);
+    for (size_t start = 0; start < n; start += per_chunk) {
+      const size_t count = std::min(per_chunk, n - start);
+      const uint64_t id = ++op_;
+      std::memcpy(me().data(), buf + start * es, count * es);
+      publish(0, id);
+      wait_all(0, id, deadline, "allreduce");
+      // My slice of this chunk, reduced over every rank in rank order.
+      const size_t lo = count * static_cast<size_t>(rank_) / static_cast<size_t>(world_);
+      const size_t hi = count * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(world_);
+      if (hi > lo) {
+        char* out = me().result() + lo * es;
+        kernel(out, segments_[0].data() + lo * es, segments_[1].data() + lo * es, hi - lo);
+        for (int q = 2; q < world_; ++q) kernel(out, out, segments_[static_cast<size_t>(q)].data() + lo * es, hi - lo);
+        if (op == HASTEN_REDUCE_AVG) hasten::comm::divide(out, hi - lo, buffer.dtype, world_);
+      }
+      publish(1, id);
+      wait_all(1, id, deadline, "allreduce");
+      for (int q = 0; q < world_; ++q) {
+        const size_t qlo = count * static_cast<size_t>(q) / static_cast<size_t>(world_);
+        const size_t qhi = count * static_cast<size_t>(q + 1) / static_cast<size_t>(world_);
+        if (qhi > qlo) std::memcpy(buf + (start + qlo) * es, segments_[static_cast<size_t>(q)].result() + qlo * es, (qhi - qlo) * es);
+      }
+      publish(2, id);
+      wait_all(2, id, deadline, "allreduce");
+    }
+    return nullptr;
+  }
+
+  hasten_work* allgather(const DLTensor& input, DLTensor& output, const hasten_coll_options* o) override {
+    require_cpu(input, "allgather");
+    require_cpu(output, "allgather");
+    const size_t bytes = elements(input) * element_size(input);
+    if (elements(output) * element_size(output) != bytes * static_cast<size_t>(world_))
+      throw Error(HASTEN_ERR_INVALID_ARGUMENT, "shm allgather: output must hold world_size x input bytes");
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto deadline = Clock::now() + timeout_of(o);
+    const char* in = data_of(input);
+    char* out = data_of(output);
+    if (world_ == 1) {
+      if (out != in) std::memmove(out, in, bytes);
+      return nullptr;
+    }
+    for (size_t start = 0; start < bytes; start += capacity_) {
+      const size_t count = std::min(capacity_, bytes - start);
+      const uint64_t id = ++op_;
+      std::memcpy(me().data(), in + start, count);
+      publish(0, id);
+      wait_all(0, id, deadline, "allgather");
+      for (int q = 0; q < world_; ++q)
+        std::memcpy(out + static_cast<size_t>(q) * bytes + start, segments_[static_cast<size_t>(q)].data(), count);
+      publish(2, id);
+      wait_all(2, id, deadline, "allgather");
+    }
+    return nullptr;
+  }
+
+  hasten_work* reduce_scatter(const DLTensor& input, DLTensor& output, hasten_reduce_op op,
+                              const hasten_coll_options* o) override {
+    require_cpu(input, "reduce_scatter");
+    require_cpu(output, "reduce_scatter");
+    const auto kernel = hasten::comm::reduce_kernel(input.dtype, op);
+    const size_t es = element_size(input), n = elements(input), m = elements(output);
+    if (m * static_cast<size_t>(world_) != n)
+      throw Error(HASTEN_ERR_INVALID_ARGUMENT, "shm reduce_scatter: input must hold world_size x output elements");
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto deadline = Clock::now() + timeout_of(o);
+    const char* in = data_of(input);
+    char* out = data_of(output);
+    if (world_ == 1) {
+      std::memmove(out, in, n * es);
+      if (op == HASTEN_REDUCE_AVG) hasten::comm::divide(out, m, input.dtype, 1);
+      return nullptr;
+    }
+    // Chunks of each rank's block: the data buffer holds world_size pieces of `count`.
+    const size_t per_chunk = capacity_ / es / static_cast<size_t>(world_);
+    for (size_t start = 0; start < m; start += per_chunk) {
+      const size_t count = std::min(per_chunk, m - start);
+      const uint64_t id = ++op_;
+      for (int q = 0; q < world_; ++q)
+        std::memcpy(me().data() + static_cast<size_t>(q) * count * es, in + (static_cast<size_t>(q) * m + start) * es, count * es);
+      publish(0, id);
+      wait_all(0, id, deadline, "reduce_scatter");
+      char* dst = out + start * es;
+      const size_t at = static_cast<size_t>(rank_) * count * es;
+      kernel(dst, segments_[0].data() + at, segments_[1].data() + at, count);
+      for (int q = 2; q < world_; ++q) kernel(dst, dst, segments_[static_cast<size_t>(q)].data() + at, count);
+      if (op == HASTEN_REDUCE_AVG) hasten::comm::divide(dst, count, input.dtype, world_);
+      publish(2, id);
+      wait_all(2, id, deadline, "reduce_scatter");
+    }
+    return nullptr;
+  }
+
+  hasten_work* broadcast(DLTensor& buffer, int32_t root, const hasten_coll_options* o) override {
+    require_cpu(buffer, "broadcast");
+    if (root < 0 || root >= world_)
+      throw Error(HASTEN_ERR_INVALID_ARGUMENT, "shm broadcast: root " + std::to_string(root) + " outside [0, " +
+                                                   std::to_string(world_) + ")");
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (world_ == 1) return nullptr;
+    const auto deadline = Clock::now() + timeout_of(o);
+    const size_t bytes = elements(buffer) * element_size(buffer);
+    char* buf = data_of(buffer);
+    for (size_t start = 0; start < bytes; start += capacity_) {
+      const size_t count = std::min(capacity_, bytes - start);
+      const uint64_t id = ++op_;
+      if (rank_ == root) std::memcpy(me().data(), buf + start, count);
+      publish(0, id);
+      wait_one(static_cast<size_t>(root), 0, id, deadline, "broadcast");
+      if (rank_ != root) std::memcpy(buf + start, segments_[static_cast<size_t>(root)].data(), count);
+      publish(2, id);
+      wait_all(2, id, deadline, "broadcast");
+    }
+    return nullptr;
+  }
+
+  hasten_work* barrier(const hasten_coll_options* o) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (world_ == 1) return nullptr;
+    const auto deadline = Clock::now() + timeout_of(o);
+    const uint64_t id = ++op_;
+    publish(0, id);
+    wait_all(0, id, deadline, "barrier");
+    publish(2, id);
+    return nullptr;
+  }
+
+  // Every operation completes before it returns (work handles are always NULL).
+  void wait(hasten_work*, int64_t) override {}
+  bool test(hasten_work*) override { return true; }
+  void free_work(hasten_work*) noexcept override {}
+
+ private:
+  Segment map(int fd, size_t size, const std::string& name) {
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) throw Error(HASTEN_ERR_SYSTEM, "shm: cannot map " + name + ": " + std::strerror(errno));
+    return {p, size};
+  }
+
+  const Segment& me() const { return segments_[static_cast<size_t>(rank_)]; }
+
+  std::chrono::milliseconds timeout_of(const hasten_coll_options* o) const {
+    return o != nullptr && o->timeout_ms > 0 ? std::chrono::milliseconds(o->timeout_ms) : timeout_;
+  }
+
+  void publish(int phase, uint64_t id) { me().control()->phase[phase].value.store(id, std::memory_order_release); }
+
+  void wait_one(size_t q, int phase, uint64_t id, Clock::time_point deadline, const char* op) {
+    const Control* c = segments_[q].control();
+    for (uint64_t spins = 0; c->phase[phase].value.load(std::memory_order_acquire) < id; ++spins) {
+      if (spins < 4096) {
+        cpu_relax();
+        continue;
+      }
+      ::sched_yield();
+      if ((spins & 1023) != 0) continue;
+      if (::kill(c->pid.load(std::memory_order_relaxed), 0) != 0 && errno == ESRCH)
+        throw Error(HASTEN_ERR_REMOTE, "shm: rank " + std::to_string(q) + " (pid " + std::to_string(c->pid.load()) +
+                                           ") died during " + op + " (rank " + std::to_string(rank_) + " was waiting)");
+      if (Clock::now() > deadline)
+        throw Error(HASTEN_ERR_TIMEOUT, "shm: " + std::string(op) + " timed out on rank " + std::to_string(rank_) +
+                                            ": rank " + std::to_string(q) + " did not arrive (hung or gone)");
+    }
+  }
+
+  void wait_all(int phase, uint64_t id, Clock::time_point deadline, const char* op) {
+    for (size_t q = 0; q < segments_.size(); ++q)
+      if (static_cast<int>(q) != rank_) wait_one(q, phase, id, deadline, op);
+  }
+
+  // Store helpers for the set-up.
+  void store_set(const std::string& key, const std::string& value) {
+    const std::string k = prefix_ + key;
+    hasten::sdk::check(host(), host()->store_set(host(), k.c_str(), value.data(), value.size()), "shm rendezvous");
+  }
+  std::string store_get(const std::string& key) {
+    const std::string k = prefix_ + key;
+    char buf[512];
+    size_t size = 0;
+    hasten::sdk::check(host(), host()->store_get(host(), k.c_str(), buf, sizeof buf, &size, timeout_.count()),
+                       "shm rendezvous");
+    return std::string(buf, size);
+  }
+  // Counts this rank in and waits until every rank has.
+  void arrive(const std::string& key) {
+    const std::string k = prefix_ + key;
+    int64_t n = 0;
+    hasten::sdk::check(host(), host()->store_add(host(), k.c_str(), 1, &n), "shm rendezvous");
+    const auto deadline = Clock::now() + timeout_;
+    while (n < world_) {
+      if (Clock::now() > deadline)
+        throw Error(HASTEN_ERR_TIMEOUT, "shm: set-up timed out waiting for the other ranks (" + key + ")");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      hasten::sdk::check(host(), host()->store_add(host(), k.c_str(), 0, &n), "shm rendezvous");
+    }
+  }
+
+  size_t capacity_ = 32u << 20;
+  int rank_ = 0, world_ = 1;
+  std::chrono::milliseconds timeout_{1800000};
+  std::string prefix_;
+  std::string my_name_;
+  bool unlinked_ = false;
+  std::vector<Segment> segments_;
+  uint64_t op_ = 0;
+  std::mutex mutex_;
+};
+
+constexpr hasten_plugin_descriptor kShm = hasten::sdk::comm_descriptor<ShmComm>(
+    "shm", "1.0", "CPU collectives through POSIX shared memory, ranks of one machine");
+
+}  // namespace
+
+HASTEN_PLUGIN_LIBRARY(&kShm)
