@@ -24,6 +24,11 @@ test: build
 demo: build
 	@bash scripts/demo.sh $(BUILD_DIR)
 
+# Not part of `make test` (no timing in tests): hasten vs the plain LibTorch loop vs PyTorch.
+BENCH_ARGS ?= --repeats 3
+bench: build
+	@/usr/bin/python3 scripts/bench.py --build $(BUILD_DIR) $(BENCH_ARGS)
+
 install: build
 	@cmake --install $(BUILD_DIR) --prefix $(or $(PREFIX),/usr/local)
 

@@ -4,6 +4,7 @@
 #include <hasten/config.hpp>
 #include <hasten/error.hpp>
 #include <hasten/process.hpp>
+#include <hasten/runtime_info.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -90,6 +91,17 @@ int launch(const LaunchFlags& flags) {
     plan.env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(threads));
   }
   plan.env.emplace_back("HASTEN_CONFIG_JSON", config.explicit_json);
+  // OpenBLAS reads OPENBLAS_CORETYPE when it loads: choose its kernel for the workers when it
+  // would fall back to slow generic ones on this CPU (the environment's own value wins).
+  if (env.count("OPENBLAS_CORETYPE") == 0) {
+    const BlasAdvice advice = openblas_coretype_advice();
+    if (!advice.coretype.empty()) {
+      plan.env.emplace_back("OPENBLAS_CORETYPE", advice.coretype);
+      if (!flags.dry_run)
+        std::cerr << "hasten launch: " << advice.reason << "; workers get OPENBLAS_CORETYPE=" << advice.coretype
+                  << " (set OPENBLAS_CORETYPE to choose another)" << std::endl;
+    }
+  }
   plan.prefix_output = plan.world_size > 1;
   if (config.tee || !config.log_dir.empty())
     plan.log_dir = config.log_dir.empty() ? std::string("hasten_logs/launch") : config.log_dir;

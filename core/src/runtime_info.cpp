@@ -5,6 +5,8 @@
 #include <torch/cuda.h>
 #include <torch/version.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -90,6 +92,59 @@ RuntimeInfo runtime_info() {
   r.cuda_devices = r.cuda_available ? static_cast<int>(torch::cuda::device_count()) : 0;
   r.blas = blas_info();
   return r;
+}
+
+namespace {
+
+int family_rank(const std::string& core) {
+  static const std::vector<std::pair<std::string, int>> ranks = {
+      {"sapphirerapids", 3}, {"cooperlake", 3}, {"skylakex", 3}, {"zen", 2},   {"haswell", 2},
+      {"skylake", 2},        {"sandybridge", 1}, {"bulldozer", 1}, {"piledriver", 1}, {"steamroller", 1},
+      {"excavator", 1}};
+  std::string l;
+  for (char c : core) l += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (auto& [name, rank] : ranks)
+    if (l == name) return rank;
+  return 0;  // Prescott, Core2, Nehalem, Atom, Barcelona...: SSE kernels
+}
+
+}  // namespace
+
+BlasAdvice openblas_coretype_advice(const std::string& detected_core, const std::vector<std::string>& flags) {
+  auto has = [&](const char* f) { return std::find(flags.begin(), flags.end(), f) != flags.end(); };
+  std::string best;
+  int best_rank = 0;
+  if (has("avx512f") && has("avx512bw") && has("avx512vl") && has("avx512dq") && has("avx512cd")) {
+    best = has("avx512_bf16") ? "Cooperlake" : "SkylakeX";
+    best_rank = 3;
+  } else if (has("avx2") && has("fma")) {
+    best = "Haswell";
+    best_rank = 2;
+  } else if (has("avx")) {
+    best = "Sandybridge";
+    best_rank = 1;
+  }
+  BlasAdvice advice;
+  if (detected_core.empty() || best.empty() || family_rank(detected_core) >= best_rank) return advice;
+  advice.coretype = best;
+  advice.reason = "OpenBLAS picked " + detected_core + " kernels, but this CPU supports " + best +
+                  "'s (it does not recognise the CPU)";
+  return advice;
+}
+
+BlasAdvice openblas_coretype_advice() {
+  const BlasInfo blas = blas_info();
+  if (blas.library != "openblas") return {};
+  std::vector<std::string> flags;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    for (std::string w; words >> w;) flags.push_back(w);
+    break;
+  }
+  return openblas_coretype_advice(blas.core, flags);
 }
 
 }  // namespace hasten

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace hasten {
 
@@ -27,5 +28,17 @@ struct RuntimeInfo {
 
 BlasInfo blas_info();
 RuntimeInfo runtime_info();
+
+// OpenBLAS 0.3.21 does not recognise some (often virtualised) CPUs and falls back to old
+// SSE kernels, several times slower than what the CPU can run. Given the kernel OpenBLAS
+// picked and the CPU's feature flags (/proc/cpuinfo), the kernel to force with
+// OPENBLAS_CORETYPE, or "" when OpenBLAS's own choice is already the best family.
+struct BlasAdvice {
+  std::string coretype;  // "" when nothing should change
+  std::string reason;
+};
+BlasAdvice openblas_coretype_advice(const std::string& detected_core, const std::vector<std::string>& cpu_flags);
+// For this process: the loaded OpenBLAS's kernel and this CPU's flags.
+BlasAdvice openblas_coretype_advice();
 
 }  // namespace hasten

@@ -1,0 +1,188 @@
+// hasten-bench: runs the workloads of shared/bench/WORKLOADS.md in every mode, through hasten
+// (--impl hasten) and through the plain LibTorch loop (--impl libtorch: single and bf16 only,
+// no hasten code in the step, same binary and build flags), one JSON line per run with the
+// fields torch_peer.py prints (plus the memory report). Every run is a fresh set of worker
+// processes (hasten::launch), so one run's threads and peak memory never leak into the next.
+// With --collectives it times allreduce, allgather and reduce_scatter of 4 KiB to 64 MiB
+// through the comm plugins instead.
+//
+//   hasten-bench --workload mlp-small --mode ddp2 zero3 --impl hasten
+//   hasten-bench --collectives --comm shm gloo
+#include <hasten/hasten.hpp>
+#include <hasten/runtime_info.hpp>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+
+#include "runner.hpp"
+#include "workloads.hpp"
+
+namespace {
+
+struct Mode {
+  std::string name;
+  int world;
+  std::string strategy;
+  std::string precision;
+  int accumulation;
+  bool units;
+};
+
+const std::vector<Mode>& modes() {
+  static const std::vector<Mode> m = {
+      {"single", 1, "single", "no", 1, false}, {"bf16", 1, "single", "bf16", 1, false},
+      {"ddp2", 2, "ddp", "no", 1, false},      {"ddp2-accum4", 2, "ddp", "no", 4, false},
+      {"zero1", 2, "zero1", "no", 1, true},    {"zero2", 2, "zero2", "no", 1, true},
+      {"zero3", 2, "zero3", "no", 1, true},    {"fsdp", 2, "fsdp", "no", 1, true},
+  };
+  return m;
+}
+
+// One intra-op thread per process, and the OpenBLAS kernel `hasten launch` would choose:
+// OpenBLAS reads both when it loads, so the bench re-executes itself once with them set.
+void prepare_environment(char** argv) {
+  if (std::getenv("HASTEN_BENCH_READY")) return;
+  ::setenv("HASTEN_BENCH_READY", "1", 1);
+  if (!std::getenv("OMP_NUM_THREADS")) ::setenv("OMP_NUM_THREADS", "1", 1);
+  if (!std::getenv("OPENBLAS_NUM_THREADS")) ::setenv("OPENBLAS_NUM_THREADS", "1", 1);
+  if (!std::getenv("OPENBLAS_CORETYPE")) {
+    const auto advice = hasten::openblas_coretype_advice();
+    if (!advice.coretype.empty()) {
+      std::cerr << "hasten-bench: " << advice.reason << "; using OPENBLAS_CORETYPE=" << advice.coretype << std::endl;
+      ::setenv("OPENBLAS_CORETYPE", advice.coretype.c_str(), 1);
+    }
+  }
+  ::execv("/proc/self/exe", argv);
+  std::cerr << "hasten-bench: warning: cannot re-execute with the benchmark environment" << std::endl;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+void collectives(const std::string& comm, int64_t max_bytes) {
+  hasten::LaunchOptions lo;
+  lo.num_processes = 2;
+  lo.env["HASTEN_COMM"] = comm;
+  hasten::launch(
+      [comm, max_bytes] {
+        hasten::Accelerator acc;
+        using Clock = std::chrono::steady_clock;
+        const auto blas = hasten::blas_info();
+        for (const std::string op : {"allreduce", "allgather", "reduce_scatter"}) {
+          for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+            const int64_t n = bytes / 4;
+            auto t = torch::ones({n});
+            auto run_once = [&] {
+              if (op == "allreduce")
+                acc.all_reduce_(t, hasten::ReduceOp::Sum).wait();
+              else if (op == "allgather")
+                acc.gather(t);
+              else
+                acc.reduce_scatter(t, hasten::ReduceOp::Sum);
+            };
+            for (int i = 0; i < 3; ++i) run_once();
+            std::vector<double> times;
+            const auto budget = Clock::now() + std::chrono::milliseconds(300);
+            while (times.size() < 5 || (Clock::now() < budget && times.size() < 200)) {
+              acc.wait_for_everyone();
+              const auto t0 = Clock::now();
+              run_once();
+              times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+            }
+            // The slowest rank decides.
+            const double mine = median(times);
+            const double slowest = acc.reduce(torch::tensor({mine}, torch::kDouble), "max").item<double>();
+            if (acc.is_main_process())
+              std::cout << nlohmann::ordered_json{{"impl", "hasten"}, {"comm", comm}, {"op", op}, {"bytes", bytes},
+                                                  {"median_ms", slowest * 1e3}, {"gb_per_s", bytes / slowest / 1e9},
+                                                  {"iterations", times.size()}, {"world_size", 2}}
+                               .dump()
+                        << std::endl;
+          }
+        }
+      },
+      lo);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  prepare_environment(argv);
+  std::vector<std::string> workloads = hasten::workloads::names(), mode_names, impls = {"hasten", "libtorch"};
+  std::vector<std::string> comms = {"shm", "gloo"};
+  int64_t steps = -1, warmup = 10, max_bytes = 64ll << 20;
+  bool run_collectives = false, print_blas_env = false;
+  CLI::App app{"hasten-bench: time the benchmark workloads through hasten and the plain LibTorch loop"};
+  app.add_option("--workload", workloads, "Workloads (default: all)");
+  app.add_option("--mode", mode_names, "Modes: single bf16 ddp2 ddp2-accum4 zero1 zero2 zero3 fsdp (default: all)");
+  app.add_option("--impl", impls, "hasten, libtorch (default: both)");
+  app.add_option("--steps", steps, "Timed steps (default: the workload's S)");
+  app.add_option("--warmup", warmup, "Untimed steps first");
+  app.add_flag("--collectives", run_collectives, "Time the comm plugins' collectives instead");
+  app.add_option("--comm", comms, "Comm plugins for --collectives (default: shm gloo)");
+  app.add_option("--max-bytes", max_bytes, "Largest collective buffer (default 64 MiB)");
+  app.add_flag("--print-blas-env", print_blas_env, "Print the OpenBLAS settings the runs use, and exit");
+  CLI11_PARSE(app, argc, argv);
+  if (print_blas_env) {
+    for (const char* k : {"OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"})
+      if (const char* v = std::getenv(k)) std::cout << k << "=" << v << "\n";
+    std::cout << "# " << hasten::blas_info().summary() << std::endl;
+    return 0;
+  }
+  try {
+    if (run_collectives) {
+      for (auto& c : comms) collectives(c, max_bytes);
+      return 0;
+    }
+    if (mode_names.empty())
+      for (auto& m : modes()) mode_names.push_back(m.name);
+    int failures = 0;
+    for (auto& w : workloads) {
+      hasten::workloads::spec(w);  // validates the name
+      for (auto& name : mode_names) {
+        auto it = std::find_if(modes().begin(), modes().end(), [&](const Mode& m) { return m.name == name; });
+        if (it == modes().end()) {
+          std::cerr << "hasten-bench: error: unknown mode '" << name << "'" << std::endl;
+          return 2;
+        }
+        for (auto& impl : impls) {
+          if (impl == "libtorch" && it->world != 1) continue;  // the plain loop is one process
+          hasten::examples::Args a;
+          a.workload = w;
+          a.impl = impl;
+          a.mode = it->name;
+          a.steps = steps;
+          a.warmup = warmup;
+          a.json = true;
+          a.log_every = 0;
+          a.units = it->units;
+          a.options.strategy = it->strategy;
+          a.options.mixed_precision = it->precision;
+          if (it->accumulation > 1) a.options.gradient_accumulation_steps = it->accumulation;
+          hasten::LaunchOptions lo;
+          lo.num_processes = it->world;
+          lo.timeout_s = 3600;
+          try {
+            hasten::launch([a] { hasten::examples::run(a); }, lo);
+          } catch (const std::exception& e) {
+            std::cerr << "hasten-bench: error: " << w << " " << name << " " << impl << ": " << e.what() << std::endl;
+            ++failures;
+          }
+        }
+      }
+    }
+    return failures == 0 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::cerr << "hasten-bench: error: " << e.what() << std::endl;
+    return 1;
+  }
+}

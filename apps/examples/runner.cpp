@@ -1,0 +1,240 @@
+// The training run shared by hasten-example and hasten-bench: a workload through hasten or
+// through a plain LibTorch loop, summarised like the PyTorch peer.
+#include "runner.hpp"
+
+#include <hasten/hasten.hpp>
+#include <hasten/runtime_info.hpp>
+#include <hasten/torch_compat.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+
+#include "workloads.hpp"
+
+namespace hasten::examples {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace W = hasten::workloads;
+
+
+struct Result {
+  std::vector<double> losses;  // per step, averaged over ranks
+  double timed_s = 0;
+  int64_t timed_steps = 0;
+  std::vector<double> peak_rss_mb;
+  int world_size = 1;
+  int rank = 0;
+  std::string precision = "no";
+  int accumulation = 1;
+  std::string strategy = "single";
+  nlohmann::ordered_json memory;           // rank 0's memory report
+  nlohmann::ordered_json memory_per_rank;  // every rank's
+};
+
+nlohmann::ordered_json to_json(const hasten::MemoryReport& m) {
+  return {{"params", m.params},           {"param_shards", m.param_shards}, {"grads", m.grads},
+          {"optimizer", m.optimizer},     {"peak_full_params", m.peak_params}, {"peak_grads", m.peak_grads},
+          {"peak_optimizer", m.peak_optimizer}, {"at_rest", m.at_rest()}};
+}
+
+// The plain LibTorch loop: no hasten code in the step.
+Result train_libtorch(const Args& a, int64_t batch, int64_t total) {
+  torch::manual_seed(0);
+  auto model = W::build_model(a.workload);
+  auto [inputs, targets] = W::build_data(a.workload);
+  torch::optim::AdamW opt(model->parameters(), W::optimizer_options());
+  const bool bf16 = a.options.mixed_precision.value_or("no") == "bf16";
+  const int64_t n = inputs.size(0);
+  std::vector<torch::Tensor> losses;
+  losses.reserve(static_cast<size_t>(total));
+  Result r;
+  Clock::time_point t0 = Clock::now();
+  for (int64_t i = 0; i < total; ++i) {
+    if (i == a.warmup) t0 = Clock::now();
+    const int64_t start = (i * batch) % n;
+    auto x = W::model_input(a.workload, inputs.narrow(0, start, batch));
+    auto y = targets.narrow(0, start, batch);
+    torch::Tensor out;
+    if (bf16) {
+      hasten::compat::set_autocast_enabled(c10::DeviceType::CPU, true);
+      hasten::compat::set_autocast_dtype(c10::DeviceType::CPU, at::kBFloat16);
+      at::autocast::increment_nesting();
+      out = model->forward(x);
+      if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+      hasten::compat::set_autocast_enabled(c10::DeviceType::CPU, false);
+      out = out.to(torch::kFloat);
+    } else {
+      out = model->forward(x);
+    }
+    auto loss = W::loss(a.workload, out, y);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    losses.push_back(loss.detach());
+  }
+  r.timed_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.timed_steps = total - a.warmup;
+  auto all = torch::stack(losses).to(torch::kDouble);
+  r.losses.assign(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
+  r.peak_rss_mb = {W::peak_rss_mb()};
+  r.precision = bf16 ? "bf16" : "no";
+  return r;
+}
+
+Result train_hasten(const Args& a, int64_t batch, int64_t total) {
+  hasten::Accelerator acc(a.options);
+  torch::manual_seed(0);
+  auto model = W::build_model(a.workload, a.units);
+  auto [inputs, targets] = W::build_data(a.workload);
+  torch::optim::AdamW optimizer(model->parameters(), W::optimizer_options());
+  hasten::DataLoader data(hasten::TensorDataset(inputs, targets), {.batch_size = batch});
+
+  auto [net, opt, loader] = acc.prepare(model, optimizer, data);
+
+  const bool tracking = a.log_every > 0 && !acc.config().trackers.empty();
+  if (tracking)
+    acc.init_trackers(a.project, {{"workload", a.workload},
+                                  {"batch_size", batch},
+                                  {"steps", total},
+                                  {"mixed_precision", acc.mixed_precision()},
+                                  {"strategy", acc.strategy()},
+                                  {"gradient_accumulation_steps", int64_t{acc.gradient_accumulation_steps()}},
+                                  {"num_processes", int64_t{acc.num_processes()}}});
+  std::vector<torch::Tensor> losses;
+  losses.reserve(static_cast<size_t>(total));
+  Clock::time_point t0 = Clock::now(), last = t0;
+  int64_t step = 0;
+  while (step < total) {
+    for (auto& b : loader) {
+      if (step == a.warmup) t0 = Clock::now();
+      auto scope = acc.accumulate(net);
+      auto loss = W::loss(a.workload, net(W::model_input(a.workload, b.input)), b.target);
+      acc.backward(loss);
+      if (a.clip > 0 && acc.sync_gradients()) acc.clip_grad_norm_(net, a.clip);
+      opt.step();
+      opt.zero_grad();
+      losses.push_back(loss.detach());
+      ++step;
+      if (a.log_every > 0 && step % a.log_every == 0) {
+        const double l = loss.item<double>();
+        const double dt = std::chrono::duration<double>(Clock::now() - last).count();
+        last = Clock::now();
+        const double sps = static_cast<double>(a.log_every * batch * acc.num_processes()) / dt;
+        if (!a.json) acc.print("step ", step, "/", total, "  loss ", l, "  samples/s ", static_cast<int64_t>(sps));
+        if (tracking) acc.log({{"loss", l}, {"samples_per_s", sps}}, step);
+      }
+      if (step >= total) break;
+    }
+  }
+  Result r;
+  r.timed_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.timed_steps = total - a.warmup;
+  r.world_size = acc.num_processes();
+  r.rank = acc.process_index();
+  r.precision = acc.mixed_precision();
+  r.accumulation = acc.gradient_accumulation_steps();
+  // Every rank's losses, averaged (for ddp: the loss of the global batch).
+  auto all = acc.reduce(torch::stack(losses).to(torch::kDouble), "mean");
+  r.losses.assign(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
+  auto rss = acc.gather(torch::tensor({W::peak_rss_mb()}, torch::kDouble));
+  r.peak_rss_mb.assign(rss.data_ptr<double>(), rss.data_ptr<double>() + rss.numel());
+  r.strategy = acc.strategy();
+  // What each rank holds at rest (after the last step), with the peaks of the run.
+  const hasten::MemoryReport mine = acc.memory_report();
+  const auto fields = torch::tensor({static_cast<int64_t>(mine.params), static_cast<int64_t>(mine.param_shards),
+                                     static_cast<int64_t>(mine.grads), static_cast<int64_t>(mine.optimizer),
+                                     static_cast<int64_t>(mine.peak_params), static_cast<int64_t>(mine.peak_grads),
+                                     static_cast<int64_t>(mine.peak_optimizer)});
+  auto all_fields = acc.gather(fields).reshape({acc.num_processes(), 7});
+  r.memory = to_json(mine);
+  r.memory_per_rank = nlohmann::ordered_json::array();
+  for (int64_t k = 0; k < all_fields.size(0); ++k) {
+    hasten::MemoryReport m;
+    m.params = all_fields[k][0].item<int64_t>(), m.param_shards = all_fields[k][1].item<int64_t>();
+    m.grads = all_fields[k][2].item<int64_t>(), m.optimizer = all_fields[k][3].item<int64_t>();
+    m.peak_params = all_fields[k][4].item<int64_t>(), m.peak_grads = all_fields[k][5].item<int64_t>();
+    m.peak_optimizer = all_fields[k][6].item<int64_t>();
+    r.memory_per_rank.push_back(to_json(m));
+  }
+  if (!a.params_out.empty()) {
+    auto state = acc.get_state_dict(net);  // every rank takes part; rank 0 gets the tensors
+    if (acc.is_main_process()) hasten::save_safetensors(a.params_out, state);
+  }
+  if (tracking) {
+    acc.log({{"final_loss", r.losses.back()}}, step);
+    acc.end_training();
+  }
+  return r;
+}
+
+}  // namespace
+
+int run(const Args& a) {
+  const W::Spec& spec = W::spec(a.workload);
+  const int64_t batch = a.batch > 0 ? a.batch : spec.batch;
+  const int64_t timed = a.steps >= 0 ? a.steps : spec.timed_steps;
+  const int64_t total = a.warmup + timed;
+  if (total <= 0) throw std::invalid_argument("--steps plus --warmup must be positive");
+  torch::set_num_threads(a.threads);
+
+  Result r = a.impl == "libtorch" ? train_libtorch(a, batch, total) : train_hasten(a, batch, total);
+  if (r.rank != 0) return 0;
+
+  const int accum = r.accumulation;
+  std::string mode = a.mode;
+  if (mode.empty()) {
+    if (r.world_size > 1)
+      mode = "ddp" + std::to_string(r.world_size) + (accum > 1 ? "-accum" + std::to_string(accum) : "");
+    else
+      mode = r.precision == "no" ? "single" : r.precision;
+  }
+  const double steps_per_s = r.timed_steps > 0 && r.timed_s > 0 ? r.timed_steps / r.timed_s : 0.0;
+  nlohmann::ordered_json rec;
+  rec["impl"] = a.impl;
+  rec["workload"] = a.workload;
+  rec["mode"] = mode;
+  rec["steps_per_s"] = steps_per_s;
+  rec["samples_per_s"] = steps_per_s * static_cast<double>(batch * r.world_size);
+  rec["peak_rss_mb"] = r.peak_rss_mb;
+  rec["final_loss"] = r.losses.back();
+  rec["losses_first5"] = std::vector<double>(r.losses.begin(), r.losses.begin() + std::min<size_t>(5, r.losses.size()));
+  rec["samples_per_s_per_rank"] = steps_per_s * static_cast<double>(batch);
+  rec["B"] = batch;
+  rec["world_size"] = r.world_size;
+  rec["S"] = r.timed_steps;
+  rec["warmup"] = a.warmup;
+  rec["timed_s"] = r.timed_s;
+  rec["threads"] = a.threads;
+  rec["torch"] = TORCH_VERSION;
+  const auto blas = hasten::blas_info();
+  rec["blas"] = blas.library == "openblas" ? "openblas:" + blas.core : blas.library;
+  if (a.impl == "hasten") {
+    rec["strategy"] = r.strategy;
+    rec["memory"] = r.memory;
+    rec["memory_per_rank"] = r.memory_per_rank;
+  }
+  if (a.json) {
+    std::cout << rec.dump() << std::endl;
+  } else {
+    std::cout << "done: " << a.workload << " " << mode << ", " << total << " steps, final loss "
+              << r.losses.back() << ", " << steps_per_s << " steps/s ("
+              << rec["samples_per_s"].get<double>() << " samples/s)" << std::endl;
+  }
+  if (!a.losses_out.empty()) {
+    std::ofstream out(a.losses_out);
+    out << nlohmann::ordered_json{{"impl", a.impl}, {"workload", a.workload}, {"mode", mode},
+                                  {"B", batch}, {"losses", r.losses}}
+               .dump()
+        << "\n";
+    if (!out) throw hasten::Error("cannot write --losses-out file '" + a.losses_out + "'");
+  }
+  return 0;
+}
+
+
+}  // namespace hasten::examples

@@ -1,0 +1,146 @@
+#!/usr/bin/python3
+"""`make bench`: hasten, the plain LibTorch loop and PyTorch (shared/peers/torch_peer.py) side
+by side on the workloads of shared/bench/WORKLOADS.md, interleaved round by round (A B C A B C
+...), then the collectives micro-benchmark. Prints markdown tables of medians and of ratios
+taken within each round, and writes them with every raw record to <out>/.
+
+    /usr/bin/python3 scripts/bench.py --build build [--repeats 3] [--workloads ...] [--modes ...]
+
+Every side runs with the same BLAS settings: one thread per process and the OpenBLAS kernel
+that hasten-bench reports (`hasten-bench --print-blas-env`)."""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEER_MODES = {"single", "ddp2", "ddp2-accum4", "bf16"}
+LIBTORCH_MODES = {"single", "bf16"}
+ALL_MODES = ["single", "bf16", "ddp2", "ddp2-accum4", "zero1", "zero2", "zero3", "fsdp"]
+WORKLOADS = ["mlp-small", "gpt-tiny", "mlp-large"]
+
+
+def peer_dir():
+    shared = os.path.join(os.path.dirname(ROOT), "shared", "peers")
+    return shared if os.path.exists(os.path.join(shared, "torch_peer.py")) else os.path.join(ROOT, "tests", "integration", "peers")
+
+
+def run_json(cmd, env, log):
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    log.write(f"$ {' '.join(cmd)}  ({time.monotonic() - t0:.1f} s, exit {p.returncode})\n{p.stderr[-2000:]}\n")
+    if p.returncode != 0:
+        print(f"bench: error: {' '.join(cmd)} exited {p.returncode}: {p.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+        return []
+    out = []
+    for line in p.stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            out.append(json.loads(line))
+    return out
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def fmt(x, digits=1):
+    return "-" if x is None or x != x else f"{x:.{digits}f}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workloads", nargs="*", default=WORKLOADS)
+    ap.add_argument("--modes", nargs="*", default=ALL_MODES)
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default: each workload's S)")
+    ap.add_argument("--no-collectives", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    bench = os.path.join(args.build, "bin", "hasten-bench")
+    out_dir = args.out or os.path.join(args.build, "bench")
+    os.makedirs(out_dir, exist_ok=True)
+
+    # The BLAS settings every side runs with.
+    env = dict(os.environ, HASTEN_HOME=os.path.join(out_dir, "home"))
+    blas = subprocess.run([bench, "--print-blas-env"], capture_output=True, text=True, env=env).stdout.splitlines()
+    for line in blas:
+        if "=" in line and not line.startswith("#"):
+            k, v = line.split("=", 1)
+            env[k] = v
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    blas_line = [l[2:] for l in blas if l.startswith("# ")]
+    settings = {k: env.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+
+    records = []
+    log = open(os.path.join(out_dir, "bench.log"), "w")
+    steps = ["--steps", str(args.steps)] if args.steps else []
+    for w in args.workloads:
+        for mode in args.modes:
+            for r in range(args.repeats):
+                sides = [("hasten", [bench, "--workload", w, "--mode", mode, "--impl", "hasten", *steps])]
+                if mode in LIBTORCH_MODES:
+                    sides.append(("libtorch", [bench, "--workload", w, "--mode", mode, "--impl", "libtorch", *steps]))
+                if mode in PEER_MODES:
+                    sides.append(("torch", ["/usr/bin/python3", os.path.join(peer_dir(), "torch_peer.py"), "--workload", w,
+                                            "--mode", mode, *steps]))
+                for impl, cmd in sides:
+                    for rec in run_json(cmd, env, log):
+                        rec.update({"round": r, "impl": impl, "mode": mode, "workload": w})
+                        records.append(rec)
+                        print(f"  {w} {mode} {impl} round {r}: {rec['steps_per_s']:.2f} steps/s", file=sys.stderr)
+    collectives = []
+    if not args.no_collectives:
+        collectives += run_json([bench, "--collectives"], env, log)
+        collectives += run_json(["/usr/bin/python3", os.path.join(ROOT, "scripts", "bench_collectives_torch.py")], env, log)
+    with open(os.path.join(out_dir, "results.jsonl"), "w") as f:
+        for rec in records + collectives:
+            f.write(json.dumps(rec) + "\n")
+
+    # Tables.
+    lines = [f"Machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}; "
+             f"BLAS: {blas_line[0] if blas_line else 'unknown'}; settings: {settings}; {args.repeats} rounds.", ""]
+    for w in args.workloads:
+        lines += [f"### {w}", "",
+                  "| mode | hasten steps/s | plain LibTorch | PyTorch | hasten / LibTorch | hasten / PyTorch | hasten / hasten ddp2 | peak RSS MiB (hasten, rank 0) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        ddp = {rec["round"]: rec["steps_per_s"] for rec in records
+               if rec["workload"] == w and rec["mode"] == "ddp2" and rec["impl"] == "hasten"}
+        for mode in args.modes:
+            by = lambda impl: {rec["round"]: rec for rec in records if rec["workload"] == w and rec["mode"] == mode and rec["impl"] == impl}
+            h, l, t = by("hasten"), by("libtorch"), by("torch")
+            ratio = lambda other: median([h[r]["steps_per_s"] / other[r]["steps_per_s"] for r in h if r in other]) if other else None
+            vs_ddp = (median([h[r]["steps_per_s"] / ddp[r] for r in h if r in ddp])
+                      if mode in ("zero1", "zero2", "zero3", "fsdp") and ddp else None)
+            rss = median([rec["peak_rss_mb"][0] for rec in h.values()]) if h else None
+            lines.append(f"| {mode} | {fmt(median([x['steps_per_s'] for x in h.values()]))} | "
+                         f"{fmt(median([x['steps_per_s'] for x in l.values()])) if l else '-'} | "
+                         f"{fmt(median([x['steps_per_s'] for x in t.values()])) if t else '-'} | "
+                         f"{fmt(ratio(l), 2) if l else '-'} | {fmt(ratio(t), 2) if t else '-'} | "
+                         f"{fmt(vs_ddp, 2) if vs_ddp else '-'} | {fmt(rss)} |")
+        lines.append("")
+    if collectives:
+        lines += ["### Collectives, 2 ranks, float32 (GB/s = bytes / median time of the slowest rank)", "",
+                  "| op | bytes | shm | gloo plugin | c10d ProcessGroupGloo | shm ms | gloo plugin ms | c10d ms |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        get = lambda comm, op, b: next((c for c in collectives if c.get("comm") == comm and c["op"] == op and c["bytes"] == b), None)
+        for op in ("allreduce", "allgather", "reduce_scatter"):
+            for b in sorted({c["bytes"] for c in collectives if c["op"] == op}):
+                s, g, c = get("shm", op, b), get("gloo", op, b), get("c10d-gloo", op, b)
+                cell = lambda x, k: "unsupported" if x and "unsupported" in x else fmt(x[k], 3) if x else "-"
+                lines.append(f"| {op} | {b} | {cell(s, 'gb_per_s')} | {cell(g, 'gb_per_s')} | {cell(c, 'gb_per_s')} | "
+                             f"{cell(s, 'median_ms')} | {cell(g, 'median_ms')} | {cell(c, 'median_ms')} |")
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(out_dir, "benchmarks.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
