@@ -255,6 +255,7 @@ void ShardedStrategy::prepare_optimizer(torch::optim::Optimizer& optimizer) {
 // ---- memory of units ----------------------------------------------------------------------
 
 void ShardedStrategy::free_params(Unit& u) {
+  if (u.gathering) finish_gather(u);  // a prefetch nobody used: complete it, then free
   if (!u.params_live || u.params.empty()) return;
   for (auto& p : u.params) rebind(p, u.flat, 0, {0});  // empty: a bypassed use fails cleanly
   storage_free(u.flat);
@@ -263,7 +264,8 @@ void ShardedStrategy::free_params(Unit& u) {
 }
 
 void ShardedStrategy::begin_gather(Unit& u) {
-  if (u.params_live || u.gather_work != nullptr || u.params.empty()) return;
+  if (u.params_live || u.gathering || u.params.empty()) return;
+  u.gathering = true;
   storage_alloc(u.flat, static_cast<size_t>(u.padded) * u.flat.element_size());
   count_peaks();
   u.staging = u.master.to(u.flat.device(), u.flat.scalar_type());
@@ -274,6 +276,7 @@ void ShardedStrategy::begin_gather(Unit& u) {
 void ShardedStrategy::finish_gather(Unit& u) {
   if (u.params_live || u.params.empty()) return;
   wait(u.gather_work, "parameter allgather");
+  u.gathering = false;
   u.staging = torch::Tensor();
   for (size_t i = 0; i < u.params.size(); ++i) rebind(u.params[i], u.flat, u.offsets[i], u.shapes[i]);
   u.params_live = true;

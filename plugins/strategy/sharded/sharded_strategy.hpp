@@ -83,6 +83,7 @@ class ShardedStrategy final : public sdk::Strategy {
     torch::Tensor reduced;     // reduce-scatter output, only while a reduction is in flight
     torch::Tensor staging;     // allgather input, only while a gather is in flight
     bool params_live = true, grads_live = true;
+    bool gathering = false;    // an allgather into flat was issued and not yet finished
     int users = 0;             // forwards under way
     int pending = 0;           // gradients not yet produced in this backward
     bool ready = false;
