@@ -24,10 +24,12 @@ test: build
 demo: build
 	@bash scripts/demo.sh $(BUILD_DIR)
 
-# Not part of `make test` (no timing in tests): hasten vs the plain LibTorch loop vs PyTorch.
-BENCH_ARGS ?= --repeats 3
+# Not part of `make test` (no timing in tests): hasten vs the plain LibTorch loop vs PyTorch,
+# the table of docs/benchmarks.md. `make bench BENCH_ARGS="--workloads mlp-small --repeats 1"`
+# runs a part of it.
 bench: build
-	@/usr/bin/python3 scripts/bench.py --build $(BUILD_DIR) $(BENCH_ARGS)
+	@if [ -n "$(BENCH_ARGS)" ]; then /usr/bin/python3 scripts/bench.py --build $(BUILD_DIR) $(BENCH_ARGS); \
+	 else bash scripts/bench_all.sh $(BUILD_DIR); fi
 
 install: build
 	@cmake --install $(BUILD_DIR) --prefix $(or $(PREFIX),/usr/local)

@@ -29,9 +29,13 @@ def peer_dir():
     return shared if os.path.exists(os.path.join(shared, "torch_peer.py")) else os.path.join(ROOT, "tests", "integration", "peers")
 
 
-def run_json(cmd, env, log):
+def run_json(cmd, env, log, timeout=3600):
     t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"bench: error: {' '.join(cmd)} did not finish within {timeout} s", file=sys.stderr)
+        return []
     log.write(f"$ {' '.join(cmd)}  ({time.monotonic() - t0:.1f} s, exit {p.returncode})\n{p.stderr[-2000:]}\n")
     if p.returncode != 0:
         print(f"bench: error: {' '.join(cmd)} exited {p.returncode}: {p.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
@@ -80,6 +84,7 @@ def main():
 
     records = []
     log = open(os.path.join(out_dir, "bench.log"), "w")
+    raw = open(os.path.join(out_dir, "results.jsonl"), "w")  # every record as soon as it exists
     steps = ["--steps", str(args.steps)] if args.steps else []
     for w in args.workloads:
         for mode in args.modes:
@@ -94,14 +99,16 @@ def main():
                     for rec in run_json(cmd, env, log):
                         rec.update({"round": r, "impl": impl, "mode": mode, "workload": w})
                         records.append(rec)
+                        raw.write(json.dumps(rec) + "\n")
+                        raw.flush()
                         print(f"  {w} {mode} {impl} round {r}: {rec['steps_per_s']:.2f} steps/s", file=sys.stderr)
     collectives = []
     if not args.no_collectives:
         collectives += run_json([bench, "--collectives"], env, log)
         collectives += run_json(["/usr/bin/python3", os.path.join(ROOT, "scripts", "bench_collectives_torch.py")], env, log)
-    with open(os.path.join(out_dir, "results.jsonl"), "w") as f:
-        for rec in records + collectives:
-            f.write(json.dumps(rec) + "\n")
+    for rec in collectives:
+        raw.write(json.dumps(rec) + "\n")
+    raw.close()
 
     # Tables.
     lines = [f"Machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}; "

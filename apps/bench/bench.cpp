@@ -89,10 +89,15 @@ void collectives(const std::string& comm, int64_t max_bytes) {
               else
                 acc.reduce_scatter(t, hasten::ReduceOp::Sum);
             };
+            const auto c0 = Clock::now();
             for (int i = 0; i < 3; ++i) run_once();
+            // Every rank must run the same number of iterations: agree on the largest wish
+            // (about 0.3 s of work, 5 to 200 iterations).
+            const double each = std::chrono::duration<double>(Clock::now() - c0).count() / 3;
+            const int64_t wish = std::clamp<int64_t>(static_cast<int64_t>(0.3 / std::max(each, 1e-7)), 5, 200);
+            const int64_t iterations = acc.reduce(torch::tensor({wish}), "max").item<int64_t>();
             std::vector<double> times;
-            const auto budget = Clock::now() + std::chrono::milliseconds(300);
-            while (times.size() < 5 || (Clock::now() < budget && times.size() < 200)) {
+            for (int64_t i = 0; i < iterations; ++i) {
               acc.wait_for_everyone();
               const auto t0 = Clock::now();
               run_once();

@@ -1,0 +1,43 @@
+// Facts about the process: the BLAS in use and the OpenBLAS kernel advice hasten launch acts on.
+#include <hasten/runtime_info.hpp>
+
+#include <gtest/gtest.h>
+
+using hasten::openblas_coretype_advice;
+
+namespace {
+const std::vector<std::string> kAvx512 = {"sse3", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl",
+                                          "avx512dq", "avx512cd"};
+}
+
+TEST(BlasAdvice, AnUnrecognisedAvx512CpuGetsSkylakeXKernels) {
+  auto a = openblas_coretype_advice("Prescott", kAvx512);
+  EXPECT_EQ(a.coretype, "SkylakeX");
+  EXPECT_NE(a.reason.find("OpenBLAS picked Prescott kernels"), std::string::npos) << a.reason;
+  auto bf16 = kAvx512;
+  bf16.push_back("avx512_bf16");
+  EXPECT_EQ(openblas_coretype_advice("Nehalem", bf16).coretype, "Cooperlake");
+}
+
+TEST(BlasAdvice, OlderFamiliesAreUpgradedToWhatTheFlagsAllow) {
+  EXPECT_EQ(openblas_coretype_advice("Core2", {"sse3", "avx", "avx2", "fma"}).coretype, "Haswell");
+  EXPECT_EQ(openblas_coretype_advice("Sandybridge", {"avx", "avx2", "fma"}).coretype, "Haswell");
+  EXPECT_EQ(openblas_coretype_advice("Prescott", {"sse3", "avx"}).coretype, "Sandybridge");
+}
+
+TEST(BlasAdvice, ARecognisedCpuIsLeftAlone) {
+  EXPECT_EQ(openblas_coretype_advice("Cooperlake", kAvx512).coretype, "");
+  EXPECT_EQ(openblas_coretype_advice("SkylakeX", kAvx512).coretype, "");
+  EXPECT_EQ(openblas_coretype_advice("Haswell", {"avx2", "fma"}).coretype, "");
+  EXPECT_EQ(openblas_coretype_advice("Zen", {"avx2", "fma"}).coretype, "");
+  EXPECT_EQ(openblas_coretype_advice("Prescott", {"sse3"}).coretype, "");  // nothing better to offer
+  EXPECT_EQ(openblas_coretype_advice("", kAvx512).coretype, "");           // not OpenBLAS
+}
+
+TEST(BlasInfo, NamesTheLibraryInUse) {
+  const auto info = hasten::blas_info();
+  EXPECT_NE(info.library, "unknown") << "LibTorch's BLAS is not mapped into the process";
+  if (info.library == "openblas") {
+    EXPECT_FALSE(info.core.empty());
+  }
+}
