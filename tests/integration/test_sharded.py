@@ -59,10 +59,12 @@ with tempfile.TemporaryDirectory() as tmp:
         ("mlp-small accum4 clip1", ["--workload", "mlp-small", "--warmup", "0", "--steps", "20",
                                     "--gradient_accumulation_steps", "4", "--clip", "1.0"]),
         ("gpt-tiny", ["--workload", "gpt-tiny", "--warmup", "0", "--steps", "20"]),
+        # bf16 autocast over float32 master shards.
+        ("mlp-small bf16", ["--workload", "mlp-small", "--warmup", "0", "--steps", "20", "--mixed_precision", "bf16"]),
     ]
     for name, args in cases:
         reference = train(tmp, "ddp", "ddp", [], args, env)
-        strategies = STRATEGIES if name != "gpt-tiny" else [STRATEGIES[2], STRATEGIES[4]]  # zero3, fsdp
+        strategies = STRATEGIES if name.startswith("mlp-small") and "bf16" not in name else [STRATEGIES[2], STRATEGIES[4]]
         for strategy, extra in strategies:
             label = strategy + (" " + extra[1] if extra else "")
             compare(f"{name}: {label}", reference, train(tmp, strategy, strategy, extra, args, env))

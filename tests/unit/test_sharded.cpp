@@ -146,3 +146,59 @@ TEST(Units, SeveralModelsAndShardedStateDictsCoverEveryParameter) {
       },
       lo);
 }
+
+namespace {
+// A user module that is a unit, holding a Sequential that is a unit too.
+struct BlockImpl : torch::nn::Module {
+  BlockImpl() {
+    inner = register_module("inner", hasten::Unit<torch::nn::Sequential>(torch::nn::Linear(8, 8), torch::nn::Tanh()));
+    gate = register_parameter("gate", torch::full({8}, 0.5));
+  }
+  torch::Tensor forward(torch::Tensor x) { return inner->forward(x) * gate + x; }
+  hasten::Unit<torch::nn::Sequential> inner{nullptr};
+  torch::Tensor gate;
+};
+TORCH_MODULE(Block);
+
+struct StackImpl : torch::nn::Module {
+  StackImpl() {
+    b1 = register_module("b1", hasten::Unit<Block>());
+    b2 = register_module("b2", hasten::Unit<Block>());
+    head = register_module("head", torch::nn::Linear(8, 3));
+  }
+  torch::Tensor forward(torch::Tensor x) { return head(b2(b1(x))); }
+  hasten::Unit<Block> b1{nullptr}, b2{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+
+std::vector<double> train_stack(const std::string& strategy) {
+  Accelerator acc(with(strategy));
+  torch::manual_seed(3);
+  auto net = std::make_shared<StackImpl>();
+  torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto [model, opt] = acc.prepare(net, adamw);
+  torch::manual_seed(4);
+  auto x = torch::randn({16, 8});
+  auto y = torch::randint(0, 3, {16}, torch::kLong);
+  std::vector<double> losses;
+  for (int i = 0; i < 5; ++i) {
+    auto loss = F::cross_entropy(model(x), y);
+    acc.backward(loss);
+    opt.step();
+    opt.zero_grad();
+    losses.push_back(loss.item<double>());
+  }
+  return losses;
+}
+}  // namespace
+
+TEST(Units, UserModulesAndSequentialsNestAsUnits) {
+  // Nested units (a user module holding a Sequential unit) under every stage train exactly
+  // as the unsharded model does.
+  const auto reference = train_stack("single");
+  for (const std::string s : {"zero1", "zero2", "zero3", "fsdp"}) {
+    const auto losses = train_stack(s);
+    ASSERT_EQ(losses.size(), reference.size());
+    for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], reference[i], 1e-6) << s << " step " << i;
+  }
+}
