@@ -47,6 +47,8 @@ class UnitBase {
  protected:
   UnitBase() = default;
   UnitBase(const UnitBase&) : UnitBase() {}  // a copy is a new, unattached unit
+
+ public:  // called by the unit forwards (detail::unit_forward)
   void hasten_enter();
   void hasten_exit(std::vector<torch::Tensor>& outputs);
 
@@ -89,6 +91,21 @@ struct forward_signature<T, std::void_t<decltype(&T::forward)>> {
 
 }  // namespace detail
 
+namespace detail {
+// The body every unit forward shares: report before, run the module's forward, report after
+// with the outputs (nothing to report when no strategy is attached).
+template <class Unit, class Call>
+decltype(auto) unit_forward(Unit& unit, Call&& call) {
+  if (!unit.hasten_attached()) return call();
+  unit.hasten_enter();
+  decltype(auto) out = call();
+  std::vector<torch::Tensor> outputs;
+  outputs_of(out, outputs);
+  unit.hasten_exit(outputs);
+  return out;
+}
+}  // namespace detail
+
 template <class Impl, class Signature = typename detail::forward_signature<Impl>::type>
 class UnitImpl;
 
@@ -99,13 +116,7 @@ class UnitImpl<Impl, R (C::*)(A...)> : public Impl, public UnitBase {
   using Impl::Impl;
   UnitImpl() = default;
   R forward(A... args) {
-    if (!hasten_attached()) return Impl::forward(std::forward<A>(args)...);
-    hasten_enter();
-    R out = Impl::forward(std::forward<A>(args)...);
-    std::vector<torch::Tensor> outputs;
-    detail::outputs_of(out, outputs);
-    hasten_exit(outputs);
-    return out;
+    return detail::unit_forward(*this, [&]() -> R { return Impl::forward(std::forward<A>(args)...); });
   }
 };
 
@@ -116,13 +127,7 @@ class UnitImpl<Impl, R (C::*)(A...) const> : public Impl, public UnitBase {
   using Impl::Impl;
   UnitImpl() = default;
   R forward(A... args) {
-    if (!hasten_attached()) return Impl::forward(std::forward<A>(args)...);
-    hasten_enter();
-    R out = Impl::forward(std::forward<A>(args)...);
-    std::vector<torch::Tensor> outputs;
-    detail::outputs_of(out, outputs);
-    hasten_exit(outputs);
-    return out;
+    return detail::unit_forward(*this, [&]() -> R { return Impl::forward(std::forward<A>(args)...); });
   }
 };
 
@@ -134,13 +139,7 @@ class UnitImpl<Impl, void> : public Impl, public UnitBase {
   UnitImpl() = default;
   template <class... A>
   decltype(auto) forward(A&&... args) {
-    if (!hasten_attached()) return Impl::forward(std::forward<A>(args)...);
-    hasten_enter();
-    decltype(auto) out = Impl::forward(std::forward<A>(args)...);
-    std::vector<torch::Tensor> outputs;
-    detail::outputs_of(out, outputs);
-    hasten_exit(outputs);
-    return out;
+    return detail::unit_forward(*this, [&]() -> decltype(auto) { return Impl::forward(std::forward<A>(args)...); });
   }
 };
 

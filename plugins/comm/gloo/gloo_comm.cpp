@@ -28,10 +28,14 @@
 
 #include <unistd.h>
 
+#include "buffers.hpp"
 #include "reduce_kernels.hpp"
 
 namespace {
 
+using hasten::comm::data_of;
+using hasten::comm::element_size;
+using hasten::comm::elements;
 using hasten::sdk::Error;
 using namespace std::chrono_literals;
 using ms = std::chrono::milliseconds;
@@ -87,27 +91,7 @@ hasten_status classify(const std::string& what) {
   return HASTEN_ERR_REMOTE;
 }
 
-size_t elements(const DLTensor& t) {
-  size_t n = 1;
-  for (int i = 0; i < t.ndim; ++i) n *= static_cast<size_t>(t.shape[i]);
-  return n;
-}
-size_t element_size(const DLTensor& t) { return (t.dtype.bits * t.dtype.lanes + 7) / 8; }
-char* data(const DLTensor& t) { return static_cast<char*>(t.data) + t.byte_offset; }
 
-void require_cpu_compact(const DLTensor& t, const char* op) {
-  if (t.device.device_type != kDLCPU)
-    throw Error(HASTEN_ERR_UNSUPPORTED, std::string("gloo ") + op + ": only CPU buffers (got device type " +
-                                            std::to_string(t.device.device_type) + ")");
-  if (t.strides != nullptr) {
-    int64_t expected = 1;
-    for (int i = t.ndim - 1; i >= 0; --i) {
-      if (t.shape[i] != 1 && t.strides[i] != expected)
-        throw Error(HASTEN_ERR_INVALID_ARGUMENT, std::string("gloo ") + op + ": buffers must be contiguous");
-      expected *= t.shape[i];
-    }
-  }
-}
 
 class GlooComm final : public hasten::sdk::Comm {
  public:
@@ -163,10 +147,10 @@ class GlooComm final : public hasten::sdk::Comm {
   bool supports_device(int32_t device_type) override { return device_type == kDLCPU; }
 
   hasten_work* allreduce(DLTensor& buffer, hasten_reduce_op op, const hasten_coll_options* options) override {
-    require_cpu_compact(buffer, "allreduce");
+    hasten::comm::require_cpu_compact(buffer, "gloo", "allreduce");
     const auto kernel = hasten::comm::reduce_kernel(buffer.dtype, op);  // validates dtype and op
     const size_t n = elements(buffer), es = element_size(buffer);
-    char* ptr = data(buffer);
+    char* ptr = data_of(buffer);
     const ms timeout = timeout_of(options);
     const DLDataType dtype = buffer.dtype;
     const int world = world_;
@@ -186,16 +170,16 @@ class GlooComm final : public hasten::sdk::Comm {
   }
 
   hasten_work* allgather(const DLTensor& input, DLTensor& output, const hasten_coll_options* options) override {
-    require_cpu_compact(input, "allgather");
-    require_cpu_compact(output, "allgather");
+    hasten::comm::require_cpu_compact(input, "gloo", "allgather");
+    hasten::comm::require_cpu_compact(output, "gloo", "allgather");
     const size_t in_bytes = elements(input) * element_size(input);
     if (elements(output) * element_size(output) != in_bytes * static_cast<size_t>(world_))
       throw Error(HASTEN_ERR_INVALID_ARGUMENT, "gloo allgather: output holds " +
                                                    std::to_string(elements(output) * element_size(output)) +
                                                    " bytes, expected world_size x input = " +
                                                    std::to_string(in_bytes * static_cast<size_t>(world_)));
-    char* in = data(input);
-    char* out = data(output);
+    char* in = data_of(input);
+    char* out = data_of(output);
     const ms timeout = timeout_of(options);
     return submit([=] {
       if (in_bytes == 0) return;
@@ -210,28 +194,28 @@ class GlooComm final : public hasten::sdk::Comm {
 
   hasten_work* reduce_scatter(const DLTensor& input, DLTensor& output, hasten_reduce_op op,
                               const hasten_coll_options* options) override {
-    require_cpu_compact(input, "reduce_scatter");
-    require_cpu_compact(output, "reduce_scatter");
+    hasten::comm::require_cpu_compact(input, "gloo", "reduce_scatter");
+    hasten::comm::require_cpu_compact(output, "gloo", "reduce_scatter");
     const auto kernel = hasten::comm::reduce_kernel(input.dtype, op);
     const size_t n = elements(input), es = element_size(input);
     if (n % static_cast<size_t>(world_) != 0 || elements(output) * static_cast<size_t>(world_) != n)
       throw Error(HASTEN_ERR_INVALID_ARGUMENT,
                   "gloo reduce_scatter: input of " + std::to_string(n) + " elements must be world_size (" +
                       std::to_string(world_) + ") x output (" + std::to_string(elements(output)) + ")");
-    const char* in = data(input);
-    char* out = data(output);
+    const char* in = data_of(input);
+    char* out = data_of(output);
     const ms timeout = timeout_of(options);
     const DLDataType dtype = input.dtype;
     return submit([=] { ring_reduce_scatter(in, out, n / static_cast<size_t>(world_), es, kernel, op, dtype, timeout); });
   }
 
   hasten_work* broadcast(DLTensor& buffer, int32_t root, const hasten_coll_options* options) override {
-    require_cpu_compact(buffer, "broadcast");
+    hasten::comm::require_cpu_compact(buffer, "gloo", "broadcast");
     if (root < 0 || root >= world_)
       throw Error(HASTEN_ERR_INVALID_ARGUMENT,
                   "gloo broadcast: root " + std::to_string(root) + " outside [0, " + std::to_string(world_) + ")");
     const size_t bytes = elements(buffer) * element_size(buffer);
-    char* ptr = data(buffer);
+    char* ptr = data_of(buffer);
     const ms timeout = timeout_of(options);
     return submit([=] {
       if (bytes == 0 || world_ == 1) return;

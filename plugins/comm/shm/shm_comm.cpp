@@ -35,10 +35,14 @@
 #include <immintrin.h>
 #endif
 
+#include "buffers.hpp"
 #include "reduce_kernels.hpp"
 
 namespace {
 
+using hasten::comm::data_of;
+using hasten::comm::element_size;
+using hasten::comm::elements;
 using hasten::sdk::Error;
 using Clock = std::chrono::steady_clock;
 
@@ -74,27 +78,7 @@ void cpu_relax() {
 #endif
 }
 
-size_t elements(const DLTensor& t) {
-  size_t n = 1;
-  for (int i = 0; i < t.ndim; ++i) n *= static_cast<size_t>(t.shape[i]);
-  return n;
-}
-size_t element_size(const DLTensor& t) { return (t.dtype.bits * t.dtype.lanes + 7) / 8; }
-char* data_of(const DLTensor& t) { return static_cast<char*>(t.data) + t.byte_offset; }
 
-void require_cpu(const DLTensor& t, const char* op) {
-  if (t.device.device_type != kDLCPU)
-    throw Error(HASTEN_ERR_UNSUPPORTED, std::string("shm ") + op + ": only CPU buffers (got device type " +
-                                            std::to_string(t.device.device_type) + ")");
-  if (t.strides != nullptr) {
-    int64_t expected = 1;
-    for (int i = t.ndim - 1; i >= 0; --i) {
-      if (t.shape[i] != 1 && t.strides[i] != expected)
-        throw Error(HASTEN_ERR_INVALID_ARGUMENT, std::string("shm ") + op + ": buffers must be contiguous");
-      expected *= t.shape[i];
-    }
-  }
-}
 
 class ShmComm final : public hasten::sdk::Comm {
  public:
@@ -170,7 +154,7 @@ class ShmComm final : public hasten::sdk::Comm {
   bool supports_device(int32_t device_type) override { return device_type == kDLCPU; }
 
   hasten_work* allreduce(DLTensor& buffer, hasten_reduce_op op, const hasten_coll_options* o) override {
-    require_cpu(buffer, "allreduce");
+    hasten::comm::require_cpu_compact(buffer, "shm", "allreduce");
     const auto kernel = hasten::comm::reduce_kernel(buffer.dtype, op);
     std::lock_guard<std::mutex> lock(mutex_);
     const size_t es = element_size(buffer), n = elements(buffer);
@@ -210,8 +194,8 @@ class ShmComm final : public hasten::sdk::Comm {
   }
 
   hasten_work* allgather(const DLTensor& input, DLTensor& output, const hasten_coll_options* o) override {
-    require_cpu(input, "allgather");
-    require_cpu(output, "allgather");
+    hasten::comm::require_cpu_compact(input, "shm", "allgather");
+    hasten::comm::require_cpu_compact(output, "shm", "allgather");
     const size_t bytes = elements(input) * element_size(input);
     if (elements(output) * element_size(output) != bytes * static_cast<size_t>(world_))
       throw Error(HASTEN_ERR_INVALID_ARGUMENT, "shm allgather: output must hold world_size x input bytes");
@@ -239,8 +223,8 @@ class ShmComm final : public hasten::sdk::Comm {
 
   hasten_work* reduce_scatter(const DLTensor& input, DLTensor& output, hasten_reduce_op op,
                               const hasten_coll_options* o) override {
-    require_cpu(input, "reduce_scatter");
-    require_cpu(output, "reduce_scatter");
+    hasten::comm::require_cpu_compact(input, "shm", "reduce_scatter");
+    hasten::comm::require_cpu_compact(output, "shm", "reduce_scatter");
     const auto kernel = hasten::comm::reduce_kernel(input.dtype, op);
     const size_t es = element_size(input), n = elements(input), m = elements(output);
     if (m * static_cast<size_t>(world_) != n)
@@ -275,7 +259,7 @@ class ShmComm final : public hasten::sdk::Comm {
   }
 
   hasten_work* broadcast(DLTensor& buffer, int32_t root, const hasten_coll_options* o) override {
-    require_cpu(buffer, "broadcast");
+    hasten::comm::require_cpu_compact(buffer, "shm", "broadcast");
     if (root < 0 || root >= world_)
       throw Error(HASTEN_ERR_INVALID_ARGUMENT, "shm broadcast: root " + std::to_string(root) + " outside [0, " +
                                                    std::to_string(world_) + ")");

@@ -11,9 +11,7 @@ namespace {
 class Bf16Precision final : public sdk::Precision {
  public:
   Bf16Precision(const hasten_host_api* host, std::string_view options) : Precision(host) {
-    if (options != "{}" && options != "null")
-      throw sdk::Error(HASTEN_ERR_INVALID_ARGUMENT,
-                       "precision 'bf16' takes no options, got " + std::string(options));
+    sdk::require_no_options(options, "precision 'bf16'");
   }
   void* autocast_enter(const DLDevice& device) override {
     AutocastStack::enter(device, at::kBFloat16);

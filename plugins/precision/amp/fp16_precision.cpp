@@ -87,23 +87,7 @@ class Fp16Precision final : public sdk::Precision {
  private:
   // Every rank must skip together: a non-finite gradient anywhere skips the step everywhere.
   static bool any_rank(const hasten_host_api* host, bool found) {
-    if (sdk::process_info(host).world_size <= 1) return found;
-    float flag = found ? 1.0f : 0.0f;
-    int64_t shape[1] = {1};
-    DLTensor t{};
-    t.data = &flag;
-    t.device = {kDLCPU, 0};
-    t.ndim = 1;
-    t.dtype = {kDLFloat, 32, 1};
-    t.shape = shape;
-    hasten_work* work = nullptr;
-    sdk::check(host, host->allreduce(host, &t, HASTEN_REDUCE_MAX, nullptr, &work), "allreduce(found_inf)");
-    if (work != nullptr) {
-      const hasten_status st = host->work_wait(host, work, 0);
-      host->work_free(host, work);
-      sdk::check(host, st, "allreduce(found_inf)");
-    }
-    return flag > 0.0f;
+    return sdk::allreduce_scalar(host, found ? 1.0 : 0.0, HASTEN_REDUCE_MAX) > 0.0;
   }
 
   bool cpu_scaler_only_ = false;

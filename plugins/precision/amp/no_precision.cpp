@@ -10,9 +10,7 @@ namespace {
 class NoPrecision final : public sdk::Precision {
  public:
   NoPrecision(const hasten_host_api* host, std::string_view options) : Precision(host) {
-    if (options != "{}" && options != "null")
-      throw sdk::Error(HASTEN_ERR_INVALID_ARGUMENT,
-                       "precision 'no' takes no options, got " + std::string(options));
+    sdk::require_no_options(options, "precision 'no'");
   }
 };
 

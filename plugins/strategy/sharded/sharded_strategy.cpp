@@ -548,18 +548,7 @@ double ShardedStrategy::clip_grad_norm(torch::nn::Module& module, double max_nor
     const auto g = u.shard_grad.to(torch::kDouble);
     local = inf ? std::max(local, g.abs().max().item<double>()) : local + g.abs().pow(norm_type).sum().item<double>();
   }
-  double combined = local;
-  if (world_ > 1) {
-    int64_t shape[1] = {1};
-    DLTensor t{};
-    t.data = &combined;
-    t.device = {kDLCPU, 0};
-    t.ndim = 1;
-    t.dtype = {kDLFloat, 64, 1};
-    t.shape = shape;
-    sdk::check(host(), host()->allreduce(host(), &t, inf ? HASTEN_REDUCE_MAX : HASTEN_REDUCE_SUM, nullptr, nullptr),
-               "gradient norm allreduce");
-  }
+  const double combined = sdk::allreduce_scalar(host(), local, inf ? HASTEN_REDUCE_MAX : HASTEN_REDUCE_SUM);
   const double total = inf ? combined : std::pow(combined, 1.0 / norm_type);
   const double coef = max_norm / (total + 1e-6);
   if (coef < 1.0)

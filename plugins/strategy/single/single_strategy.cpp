@@ -7,9 +7,7 @@ namespace {
 class SingleStrategy final : public hasten::sdk::Strategy {
  public:
   SingleStrategy(const hasten_host_api* host, std::string_view options) : Strategy(host) {
-    if (options != "{}" && options != "null")
-      throw hasten::sdk::Error(HASTEN_ERR_INVALID_ARGUMENT,
-                               "strategy 'single' takes no options, got " + std::string(options));
+    hasten::sdk::require_no_options(options, "strategy 'single'");
   }
   void prepare_model(torch::nn::Module& model, const hasten_model_info& info) override {
     const torch::Device device = info.device.device_type == kDLCUDA

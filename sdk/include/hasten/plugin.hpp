@@ -103,6 +103,28 @@ inline void check(const hasten_host_api* host, hasten_status status, const char*
   throw Error(status, message);
 }
 
+// Reduces one number across every rank through the host's collectives (the identity in a
+// one-process run). For the few decisions all ranks must share: a loss scaler's "found
+// inf/nan", a global gradient norm.
+inline double allreduce_scalar(const hasten_host_api* host, double value, hasten_reduce_op op) {
+  if (process_info(host).world_size <= 1) return value;
+  int64_t shape[1] = {1};
+  DLTensor t{};
+  t.data = &value;
+  t.device = {kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = {kDLFloat, 64, 1};
+  t.shape = shape;
+  check(host, host->allreduce(host, &t, op, nullptr, nullptr), "scalar allreduce");
+  return value;
+}
+
+// Plugins without options accept only an empty JSON object.
+inline void require_no_options(std::string_view options_json, const std::string& plugin) {
+  if (options_json != "{}" && options_json != "null" && !options_json.empty())
+    throw Error(HASTEN_ERR_INVALID_ARGUMENT, plugin + " takes no options, got " + std::string(options_json));
+}
+
 // Common base of every plugin instance: holds the host table (static, never owned).
 class PluginBase {
  public:
