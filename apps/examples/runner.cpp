@@ -189,7 +189,9 @@ int run(const Args& a) {
   std::string mode = a.mode;
   if (mode.empty()) {
     if (r.world_size > 1)
-      mode = "ddp" + std::to_string(r.world_size) + (accum > 1 ? "-accum" + std::to_string(accum) : "");
+      mode = (r.strategy == "single" || r.strategy == "ddp" ? "ddp" + std::to_string(r.world_size)
+                                                             : r.strategy + "-w" + std::to_string(r.world_size)) +
+             (accum > 1 ? "-accum" + std::to_string(accum) : "") + (r.precision == "no" ? "" : "-" + r.precision);
     else
       mode = r.precision == "no" ? "single" : r.precision;
   }
