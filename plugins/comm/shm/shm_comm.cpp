@@ -123,10 +123,15 @@ class ShmComm final : public hasten::sdk::Comm {
     const size_t size = kControlBytes + 2 * capacity_;
     const int fd = ::shm_open(my_name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) throw Error(HASTEN_ERR_SYSTEM, "shm: cannot create " + my_name_ + ": " + std::strerror(errno));
-    if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    // Reserve the pages now: a tmpfs that is too small then fails here with a message, not
+    // with SIGBUS at the first large collective.
+    if (::ftruncate(fd, static_cast<off_t>(size)) != 0 || ::posix_fallocate(fd, 0, static_cast<off_t>(size)) != 0) {
+      const int err = errno;
       ::close(fd);
-      throw Error(HASTEN_ERR_SYSTEM, "shm: cannot size " + my_name_ + " to " + std::to_string(size) +
-                                         " bytes (is /dev/shm large enough?): " + std::strerror(errno));
+      ::shm_unlink(my_name_.c_str());
+      throw Error(HASTEN_ERR_SYSTEM, "shm: cannot reserve " + std::to_string(size >> 20) + " MiB in /dev/shm for rank " +
+                                         std::to_string(rank_) + " (" + std::strerror(err) +
+                                         "); lower comm_options.buffer_mb or use comm: gloo");
     }
     segments_.resize(static_cast<size_t>(world_));
     segments_[static_cast<size_t>(rank_)] = map(fd, size, my_name_);
@@ -363,7 +368,7 @@ class ShmComm final : public hasten::sdk::Comm {
     }
   }
 
-  size_t capacity_ = 32u << 20;
+  size_t capacity_ = 16u << 20;
   int rank_ = 0, world_ = 1;
   std::chrono::milliseconds timeout_{1800000};
   std::string prefix_;
