@@ -247,46 +247,7 @@ class PreparedDataLoader {
                      size_t loader, torch::Device device)
       : dataset_(std::move(dataset)), engine_(std::move(engine)), loader_(loader), device_(device) {}
 
-  class iterator {
-   public:
-    using value_type = Batch;
-    using reference = Batch&;
-    using difference_type = std::ptrdiff_t;
-    using iterator_category = std::input_iterator_tag;
-    iterator() = default;
-    iterator(const PreparedDataLoader* owner, std::shared_ptr<Session> session,
-             detail::EpochPlan plan, int64_t pos)
-        : owner_(owner), session_(std::move(session)), plan_(std::move(plan)), pos_(pos) {}
-    Batch& operator*() {
-      if (!loaded_) {
-        int64_t pad = 0;
-        auto idx = plan_.batch(pos_, &pad);
-        batch_ = detail::fetch(*owner_->dataset_, idx);
-        batch_.num_padding = pad;
-        if (owner_->device_.type() != torch::kCPU) batch_ = batch_.to(owner_->device_);
-        owner_->engine_->loader_at(owner_->loader_, pos_, plan_.num_batches, pad);
-        loaded_ = true;
-      }
-      return batch_;
-    }
-    Batch* operator->() { return &**this; }
-    iterator& operator++() {
-      ++pos_;
-      loaded_ = false;
-      if (pos_ >= plan_.num_batches) session_.reset();  // the epoch is over
-      return *this;
-    }
-    bool operator!=(const iterator& other) const { return pos_ != other.pos_; }
-    bool operator==(const iterator& other) const { return pos_ == other.pos_; }
-
-   private:
-    const PreparedDataLoader* owner_ = nullptr;
-    std::shared_ptr<Session> session_;
-    detail::EpochPlan plan_;
-    int64_t pos_ = 0;
-    Batch batch_;
-    bool loaded_ = false;
-  };
+  using iterator = detail::BatchIterator<Dataset>;
 
   // Each call starts the next epoch.
   iterator begin() {
@@ -295,9 +256,12 @@ class PreparedDataLoader {
     auto session = plan.num_batches > 0 ? std::make_shared<Session>(engine_, loader_)
                                         : nullptr;
     if (!session) engine_->loader_end(loader_);
-    return iterator(this, std::move(session), std::move(plan), 0);
+    auto observer = [engine = engine_, id = loader_](int64_t batch, int64_t n, int64_t padding) {
+      engine->loader_at(id, batch, n, padding);
+    };
+    return iterator(dataset_, std::move(plan), 0, device_, std::move(observer), std::move(session));
   }
-  iterator end() { return iterator(this, nullptr, {}, end_pos_); }
+  iterator end() { return iterator(nullptr, {}, end_pos_); }
   // Batches per epoch on this rank.
   size_t size() const { return static_cast<size_t>(engine_->loader_num_batches(loader_)); }
   Dataset& dataset() const { return *dataset_; }

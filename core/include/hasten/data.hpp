@@ -19,6 +19,8 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -127,6 +129,61 @@ Batch fetch(Dataset& dataset, const std::vector<int64_t>& indices) {
   }
 }
 
+// Walks the batches of one epoch plan. Prepared loaders add a device to move batches to, an
+// observer told which batch is being yielded (the Accelerator's end-of-data detection) and a
+// session kept alive until the epoch ends.
+template <class Dataset>
+class BatchIterator {
+ public:
+  using value_type = Batch;
+  using reference = Batch&;
+  using difference_type = std::ptrdiff_t;
+  using iterator_category = std::input_iterator_tag;
+  using Observer = std::function<void(int64_t batch, int64_t num_batches, int64_t padding)>;
+
+  BatchIterator() = default;
+  BatchIterator(std::shared_ptr<Dataset> dataset, EpochPlan plan, int64_t pos, torch::Device device = torch::kCPU,
+                Observer observer = {}, std::shared_ptr<void> session = {})
+      : dataset_(std::move(dataset)),
+        plan_(std::move(plan)),
+        pos_(pos),
+        device_(device),
+        observer_(std::move(observer)),
+        session_(std::move(session)) {}
+
+  Batch& operator*() {
+    if (!loaded_) {
+      int64_t pad = 0;
+      auto idx = plan_.batch(pos_, &pad);
+      batch_ = fetch(*dataset_, idx);
+      batch_.num_padding = pad;
+      if (device_.type() != torch::kCPU) batch_ = batch_.to(device_);
+      if (observer_) observer_(pos_, plan_.num_batches, pad);
+      loaded_ = true;
+    }
+    return batch_;
+  }
+  Batch* operator->() { return &**this; }
+  BatchIterator& operator++() {
+    ++pos_;
+    loaded_ = false;
+    if (pos_ >= plan_.num_batches) session_.reset();  // the epoch is over
+    return *this;
+  }
+  bool operator!=(const BatchIterator& other) const { return pos_ != other.pos_; }
+  bool operator==(const BatchIterator& other) const { return pos_ == other.pos_; }
+
+ private:
+  std::shared_ptr<Dataset> dataset_;
+  EpochPlan plan_;
+  int64_t pos_ = 0;
+  torch::Device device_{torch::kCPU};
+  Observer observer_;
+  std::shared_ptr<void> session_;
+  Batch batch_;
+  bool loaded_ = false;
+};
+
 }  // namespace detail
 
 // A loader over a map-style dataset. Iterating it directly (without prepare) walks one
@@ -145,41 +202,7 @@ class DataLoader {
   const DataLoaderOptions& options() const { return options_; }
   size_t dataset_size() const { return detail::dataset_size(*dataset_); }
 
-  class iterator {
-   public:
-    using value_type = Batch;
-    using reference = Batch&;
-    using difference_type = std::ptrdiff_t;
-    using iterator_category = std::input_iterator_tag;
-    iterator() = default;
-    iterator(std::shared_ptr<Dataset> ds, detail::EpochPlan plan, int64_t pos)
-        : dataset_(std::move(ds)), plan_(std::move(plan)), pos_(pos) {}
-    Batch& operator*() {
-      if (!loaded_) {
-        int64_t pad = 0;
-        auto idx = plan_.batch(pos_, &pad);
-        batch_ = detail::fetch(*dataset_, idx);
-        batch_.num_padding = pad;
-        loaded_ = true;
-      }
-      return batch_;
-    }
-    Batch* operator->() { return &**this; }
-    iterator& operator++() {
-      ++pos_;
-      loaded_ = false;
-      return *this;
-    }
-    bool operator!=(const iterator& other) const { return pos_ != other.pos_; }
-    bool operator==(const iterator& other) const { return pos_ == other.pos_; }
-
-   private:
-    std::shared_ptr<Dataset> dataset_;
-    detail::EpochPlan plan_;
-    int64_t pos_ = 0;
-    Batch batch_;
-    bool loaded_ = false;
-  };
+  using iterator = detail::BatchIterator<Dataset>;
 
   // Each call to begin() starts the next epoch.
   iterator begin() {
