@@ -160,6 +160,20 @@ void add_launch_command(CLI::App& app, Action& action) {
         f.help);
     opt->type_name("VALUE");
   }
+  cmd->add_option_function<std::vector<std::string>>(
+         "--set",
+         [flags](const std::vector<std::string>& items) {
+           for (const auto& kv : items) {
+             const auto eq = kv.find('=');
+             if (eq == std::string::npos || eq == 0)
+               throw CLI::ValidationError("--set", "expected KEY=VALUE (a config key, docs/config.md), got '" + kv + "'");
+             flags->set.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+           }
+         },
+         "Any config key, KEY=VALUE with a YAML value (repeatable): --set strategy_options='{stage: 3}'")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false)  // one value per --set: what follows may be the program
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_flag_function("--tee", [flags](int64_t) { flags->set.emplace_back("tee", "true"); },
                          "Also write per-rank logs (to --log_dir, default hasten_logs/launch)");
   cmd->add_flag_function("--debug", [flags](int64_t) { flags->set.emplace_back("debug", "true"); },

@@ -32,6 +32,9 @@ with tempfile.TemporaryDirectory() as d:
         (h.hasten("launch", "--config_file", os.path.join(d, "missing.yaml"), "true"), "launch with a missing file",
          "does not exist"),
         (h.hasten("launch", "--mixed_precision", "fp64", "true"), "launch with a bad precision", "'fp64' is not allowed"),
+        (h.hasten("launch", "--set", "mixed_precison=bf16", "true"), "launch --set with a misspelt key",
+         "did you mean 'mixed_precision'"),
+        (h.hasten("launch", "--set", "novalue", "true"), "launch --set without a value", "expected KEY=VALUE"),
         (h.example("--workload", "mlp-huge"), "example with an unknown workload", None),
         (h.example("--steps", "1", "--warmup", "0", "--mixed_precision", "fp16"), "fp16 on a CPU", "needs a CUDA device"),
         (h.example("--steps", "1", "--warmup", "0", "--strategy", "sngle"), "an unknown strategy", "did you mean 'single'"),
@@ -64,6 +67,10 @@ with tempfile.TemporaryDirectory() as d:
                        'echo "$RANK $WORLD_SIZE $LOCAL_RANK $HASTEN_CONFIG_JSON"'), env=env, check=True)
     if not p.stdout.startswith("0 1 0 ") or '"mixed_precision":"bf16"' not in p.stdout:
         h.fail("launch did not pass RANK/WORLD_SIZE/LOCAL_RANK and the config:\n" + p.stdout)
+    p = h.run(h.hasten("launch", "--dry-run", "--set", "deepspeed_config.zero_stage=3", "--set", "distributed_type=DEEPSPEED",
+                       "prog"), env=env, check=True)
+    if '"strategy": "zero"' not in p.stdout or '"stage": 3' not in p.stdout:
+        h.fail("launch --set did not reach the resolved config:\n" + p.stdout)
     p = h.run(h.hasten("launch", "--dry-run", "--num_processes", "2", "prog", "--flag"), env=env, check=True)
     if "worker rank 1 (local rank 1)" not in p.stdout or "prog --flag" not in p.stdout:
         h.fail("launch --dry-run did not print the plan:\n" + p.stdout)
