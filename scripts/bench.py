@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""`make bench`: hasten, the plain LibTorch loop and PyTorch (shared/peers/torch_peer.py) side
-by side on the workloads of shared/bench/WORKLOADS.md, interleaved round by round (A B C A B C
+"""`make bench`: hasten, the plain LibTorch loop and PyTorch (tests/integration/peers/torch_peer.py)
+side by side on the workloads of docs/workloads.md, interleaved round by round (A B C A B C
 ...), then the collectives micro-benchmark. Prints markdown tables of medians and of ratios
 taken within each round, and writes them with every raw record to <out>/.
 
@@ -18,15 +18,11 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEER = os.path.join(ROOT, "tests", "integration", "peers", "torch_peer.py")
 PEER_MODES = {"single", "ddp2", "ddp2-accum4", "bf16"}
 LIBTORCH_MODES = {"single", "bf16"}
 ALL_MODES = ["single", "bf16", "ddp2", "ddp2-accum4", "zero1", "zero2", "zero3", "fsdp"]
 WORKLOADS = ["mlp-small", "gpt-tiny", "mlp-large"]
-
-
-def peer_dir():
-    shared = os.path.join(os.path.dirname(ROOT), "shared", "peers")
-    return shared if os.path.exists(os.path.join(shared, "torch_peer.py")) else os.path.join(ROOT, "tests", "integration", "peers")
 
 
 def run_json(cmd, env, log, timeout=3600):
@@ -93,8 +89,7 @@ def main():
                 if mode in LIBTORCH_MODES:
                     sides.append(("libtorch", [bench, "--workload", w, "--mode", mode, "--impl", "libtorch", *steps]))
                 if mode in PEER_MODES:
-                    sides.append(("torch", ["/usr/bin/python3", os.path.join(peer_dir(), "torch_peer.py"), "--workload", w,
-                                            "--mode", mode, *steps]))
+                    sides.append(("torch", ["/usr/bin/python3", PEER, "--workload", w, "--mode", mode, *steps]))
                 for impl, cmd in sides:
                     for rec in run_json(cmd, env, log):
                         rec.update({"round": r, "impl": impl, "mode": mode, "workload": w})

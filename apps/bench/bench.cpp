@@ -1,4 +1,4 @@
-// hasten-bench: runs the workloads of shared/bench/WORKLOADS.md in every mode, through hasten
+// hasten-bench: runs the workloads of docs/workloads.md in every mode, through hasten
 // (--impl hasten) and through the plain LibTorch loop (--impl libtorch: single and bf16 only,
 // no hasten code in the step, same binary and build flags), one JSON line per run with the
 // fields torch_peer.py prints (plus the memory report). Every run is a fresh set of worker

@@ -1,7 +1,7 @@
-// hasten-example: trains a workload of shared/bench/WORKLOADS.md through hasten (the default)
-// or through a plain LibTorch loop (--impl libtorch), prints progress on the main process, logs
+// hasten-example: trains a workload of docs/workloads.md through hasten (the default) or
+// through a plain LibTorch loop (--impl libtorch), prints progress on the main process, logs
 // to the configured trackers, and with --json prints the same summary fields as the PyTorch
-// peer (shared/peers/torch_peer.py) so runs compare directly.
+// peer (tests/integration/peers/torch_peer.py) so runs compare directly.
 //
 //   hasten-example --workload mlp-small --steps 200
 //   hasten launch --num_processes 2 build/bin/hasten-example --workload gpt-tiny --json

@@ -1,5 +1,6 @@
-// The benchmark workloads of shared/bench/WORKLOADS.md, built exactly as the PyTorch peer
-// (shared/peers/peer_workloads.py) builds them, so that the same seed gives the same losses.
+// The benchmark workloads of docs/workloads.md, built exactly as the PyTorch peer
+// (tests/integration/peers/peer_workloads.py) builds them, so that the same seed gives the
+// same losses.
 #pragma once
 
 #include <torch/torch.h>

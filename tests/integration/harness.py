@@ -11,6 +11,25 @@ PEER_DIR = os.environ["HASTEN_TEST_PEER_DIR"]
 PYTHON = "/usr/bin/python3"
 
 
+def _pin_openblas_kernel():
+    """Where OpenBLAS does not recognise the CPU, hasten launch gives its workers a better
+    kernel than a process started directly gets; kernels round differently, so every command of
+    a test (launched, direct, the peer) runs with the kernel hasten launch would choose."""
+    if "OPENBLAS_CORETYPE" in os.environ:
+        return
+    try:
+        p = subprocess.run([os.path.join(BIN, "hasten-bench"), "--print-blas-env"], capture_output=True,
+                           text=True, timeout=60)
+    except OSError:
+        return
+    for line in p.stdout.splitlines():
+        if line.startswith("OPENBLAS_CORETYPE="):
+            os.environ["OPENBLAS_CORETYPE"] = line.split("=", 1)[1]
+
+
+_pin_openblas_kernel()
+
+
 def hasten(*args):
     return [os.path.join(BIN, "hasten"), *args]
 

@@ -93,7 +93,7 @@ TEST(Config, LauncherJsonReplacesTheFileLayer) {
 
 TEST(Config, AccelerateFileSelectsTheSameStrategy) {
   hasten::test::TempDir dir;
-  // Accelerate's DeepSpeed ZeRO-3 example (research/accelerate-features.md, 5c).
+  // Accelerate's DeepSpeed ZeRO-3 example config, as `accelerate config` writes it.
   const auto ds = dir.write("ds.yaml", R"(compute_environment: LOCAL_MACHINE
 debug: false
 deepspeed_config:
@@ -277,4 +277,30 @@ TEST(Config, DocsListEveryKey) {
     const std::string key = row.substr(0, row.find('\t'));
     EXPECT_NE(text.str().find("`" + key + "`"), std::string::npos) << "docs/config.md does not list " << key;
   }
+}
+
+TEST(Config, CommNamesABackendPerDeviceType) {
+  hasten::test::TempDir dir;
+  Config c = hasten::resolve_config({}, clean_env(dir.path()));
+  EXPECT_EQ(c.comm, "auto");
+  EXPECT_TRUE(c.comm_backends.empty() || c.comm_backends.at("cpu") == "auto");
+  Options o;
+  o.set = {{"comm", "gloo"}};
+  c = hasten::resolve_config(o, clean_env(dir.path()));
+  EXPECT_EQ(c.comm, "gloo");
+  EXPECT_EQ(c.comm_backends.at("cpu"), "gloo");
+  o.set = {{"comm", "{cpu: shm, cuda: nccl}"}};
+  c = hasten::resolve_config(o, clean_env(dir.path()));
+  EXPECT_EQ(c.comm, "shm");
+  EXPECT_EQ(c.comm_backends.at("cuda"), "nccl");
+  auto env = clean_env(dir.path());
+  env["HASTEN_COMM"] = "{cuda: mybackend}";
+  c = hasten::resolve_config({}, env);
+  EXPECT_EQ(c.comm, "auto");
+  EXPECT_EQ(c.comm_backends.at("cuda"), "mybackend");
+  o.set = {{"comm", "{cpu: shm, tpu: x}"}};
+  const std::string e = error_of(o, clean_env(dir.path()));
+  EXPECT_NE(e.find("unknown device type 'tpu' (allowed: cpu, cuda)"), std::string::npos) << e;
+  o.set = {{"comm", "{cpu: [a, b]}"}};
+  EXPECT_NE(error_of(o, clean_env(dir.path())).find("comm.cpu"), std::string::npos);
 }

@@ -9,7 +9,7 @@
 //      again before its backward, and freed after each
 // Offload keeps the float32 master shards, their gradients and the optimizer state on the CPU.
 //
-// Mechanics (../shared/research/fsdp-cpp.md): each unit's parameters become views into one
+// Mechanics: each unit's parameters become views into one
 // flat buffer (set_, not autograd views); their gradients views into a flat gradient buffer;
 // freeing returns a buffer's memory at the StorageImpl level and turns its parameters into
 // empty tensors (without a version bump), so a unit used outside its wrapper fails with a
