@@ -133,7 +133,9 @@ const std::vector<KeySpec>& schema() {
       {"trackers", T::StringList, json::array(), {}, {}, {},
        "Tracker plugins that init_trackers starts (names or paths), e.g. [csv, jsonl]"},
       {"tracker_options", T::Map, json::object(), {}, {}, {}, "Per-tracker options keyed by tracker name"},
-      {"comm", T::String, "auto", {}, {}, {}, "Comm plugin for CPU tensors: auto, or a name or path"},
+      {"comm", T::Any, "auto", {}, {}, {},
+       "Comm backend per device type: a name or path for CPU tensors, or a mapping {cpu: X, cuda: Y}; "
+       "auto picks the serving plugin of highest priority that fits the run"},
       {"comm_options", T::Map, json::object(), {}, {}, {}, "Options of the comm plugin"},
       {"plugin_path", T::StringList, json::array(), {}, {}, {}, "Extra plugin directories, searched last"},
       {"project_dir", T::String, ".", {}, {}, {}, "Base directory of the run's outputs"},
@@ -608,7 +610,34 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
   c.gradient_accumulation_steps = merged["gradient_accumulation_steps"].get<int>();
   c.use_cpu = merged["use_cpu"].get<bool>();
   c.debug = merged["debug"].get<bool>();
-  c.comm = get_str(merged, "comm");
+  {
+    json comm = merged["comm"];
+    // From the environment a mapping arrives as text: HASTEN_COMM='{cpu: gloo}'.
+    if (comm.is_string() && !comm.get<std::string>().empty() && comm.get<std::string>().front() == '{') {
+      try {
+        comm = yaml_to_json(YAML::Load(comm.get<std::string>()));
+      } catch (const YAML::Exception& e) {
+        throw ConfigError("config error: comm (" + where("comm") + "): malformed mapping: " + e.msg);
+      }
+    }
+    auto backend = [&](const std::string& device, const json& v) {
+      if (!v.is_string() || v.get<std::string>().empty())
+        throw ConfigError("config error: comm." + device + " (" + where("comm") + "): expected a plugin name, a path or auto, got '" +
+                          show(v) + "'");
+      c.comm_backends[device] = v.get<std::string>();
+    };
+    if (comm.is_object()) {
+      for (auto it = comm.begin(); it != comm.end(); ++it) {
+        if (it.key() != "cpu" && it.key() != "cuda")
+          throw ConfigError("config error: comm (" + where("comm") + "): unknown device type '" + it.key() +
+                            "' (allowed: cpu, cuda)");
+        backend(it.key(), it.value());
+      }
+    } else {
+      backend("cpu", comm);
+    }
+    c.comm = c.comm_backends.count("cpu") ? c.comm_backends["cpu"] : "auto";
+  }
   c.project_dir = get_str(merged, "project_dir");
   c.logging_dir = get_str(merged, "logging_dir");
   c.timeout_s = merged["timeout_s"].get<double>();

@@ -19,6 +19,7 @@
 #include <set>
 
 #include "comm_instance.hpp"
+#include "comm_routing.hpp"
 #include "communicator.hpp"
 #include "host_api.hpp"
 #include "plugin_communicator.hpp"
@@ -172,18 +173,17 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
   if (s.process.world_size > 1) {
     s.store = rendezvous(s.process, s.host.timeout_ms);
     s.host.store = s.store.get();
-    // auto: shared memory when every rank is on this machine, Gloo's TCP otherwise.
-    const std::string cpu_name = s.config.comm != "auto" ? s.config.comm : s.process.num_nodes == 1 ? "shm" : "gloo";
-    auto cpu = std::make_unique<CommInstance>(registry.select(PluginKind::Comm, cpu_name), &s.host.api,
-                                              s.config.comm_options);
-    if (!cpu->supports_device(kDLCPU))
-      throw PluginError(cpu->label() + ": does not handle CPU buffers (config key comm selects the CPU backend)");
-    cpu->init(s.process.rank, s.process.world_size, s.host.timeout_ms, "hasten/comm/cpu/");
+    // One backend per device type the run touches (comm_routing.cpp: the config, or the
+    // plugins' own declarations under auto). comm_options go to the CPU backend.
+    auto backend = [&](int32_t type) {
+      auto it = s.config.comm_backends.find(type == kDLCUDA ? "cuda" : "cpu");
+      return it == s.config.comm_backends.end() ? std::string("auto") : it->second;
+    };
+    auto cpu = open_comm_backend(kDLCPU, backend(kDLCPU), s.config.comm_options, &s.host.api, s.process,
+                                 s.host.timeout_ms);
     std::unique_ptr<CommInstance> gpu;
-    if (s.dl_device.device_type == kDLCUDA) {
-      gpu = std::make_unique<CommInstance>(registry.select(PluginKind::Comm, "nccl"), &s.host.api, "{}");
-      gpu->init(s.process.rank, s.process.world_size, s.host.timeout_ms, "hasten/comm/gpu/");
-    }
+    if (s.dl_device.device_type == kDLCUDA)
+      gpu = open_comm_backend(kDLCUDA, backend(kDLCUDA), "{}", &s.host.api, s.process, s.host.timeout_ms);
     s.comm = make_plugin_communicator(s.process.rank, s.process.world_size, std::move(cpu), std::move(gpu));
   } else {
     s.comm = make_local_communicator();
@@ -719,6 +719,10 @@ void Engine::init_trackers(const std::string& project, const std::string& hparam
 
 void Engine::log(const std::vector<std::pair<std::string, double>>& values, int64_t step) {
   for (auto& t : impl_->trackers) t->log_scalars(values, step);
+}
+
+void Engine::log_text(const std::string& name, const std::string& text, int64_t step) {
+  for (auto& t : impl_->trackers) t->log_text(name, text, step);
 }
 
 void Engine::end_training() {

@@ -14,7 +14,15 @@ class PluginWork final : public Work {
   PluginWork(CommInstance* comm, hasten_work* work) : comm_(comm), work_(work) {}
   ~PluginWork() override { comm_->free(work_); }
   void wait(int64_t timeout_ms) override {
-    if (!done_) comm_->wait(work_, timeout_ms);
+    if (done_) return;
+    try {
+      comm_->wait(work_, timeout_ms);
+    } catch (...) {
+      // A failed wait (a timeout, a dead peer) ends the run: abort the backend so that no
+      // other operation of this rank blocks on a collective that can never complete.
+      comm_->abort();
+      throw;
+    }
     done_ = true;
   }
   bool test() override { return done_ || (done_ = comm_->test(work_)); }
@@ -80,7 +88,7 @@ class PluginCommunicator final : public Communicator {
  private:
   CommInstance& route(const DLDevice& device) {
     if (device.device_type == kDLCUDA) {
-      if (!gpu_) throw Error("no comm backend for CUDA buffers in this run (the nccl comm plugin is not available)");
+      if (!gpu_) throw Error("no comm backend for CUDA buffers in this run (the model is on the CPU)");
       return *gpu_;
     }
     if (device.device_type != kDLCPU)

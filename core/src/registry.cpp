@@ -197,6 +197,19 @@ std::unique_ptr<LoadedPlugin> validate_descriptor(const hasten_plugin_descriptor
   info.tier = fingerprint.empty() ? "c" : "torch";
   info.torch_fingerprint = fingerprint;
   info.file = file;
+  if (kind == PluginKind::Comm && plugin->vt.comm.serves != nullptr) {
+    const hasten_comm_serves* sv = plugin->vt.comm.serves;
+    if (sv->struct_size < offsetof(hasten_comm_serves, priority) + sizeof(int32_t))
+      return refuse(label, "serves declares a too small struct_size " + std::to_string(sv->struct_size));
+    if (sv->n_device_types > 0 && sv->device_types == nullptr)
+      return refuse(label, "serves declares " + std::to_string(sv->n_device_types) + " device types but device_types is NULL");
+    if (sv->scope != HASTEN_COMM_SCOPE_ONE_MACHINE && sv->scope != HASTEN_COMM_SCOPE_ANY)
+      return refuse(label, "serves has unknown scope " + std::to_string(sv->scope) + " (allowed: 1 one machine, 2 any machines)");
+    info.serves_declared = true;
+    for (uint32_t i = 0; i < sv->n_device_types; ++i) info.serves_device_types.push_back(sv->device_types[i]);
+    info.serves_any_machines = sv->scope == HASTEN_COMM_SCOPE_ANY;
+    info.serves_priority = sv->priority;
+  }
   if (d.n_presets > 0 && d.presets == nullptr)
     return refuse(label, "declares " + std::to_string(d.n_presets) + " presets but presets is NULL");
   for (uint32_t i = 0; i < d.n_presets; ++i) {

@@ -25,13 +25,25 @@ class TrackerInstance : public PluginInstance {
     call("start", [&] { return vt().tracker.start(instance_, &run); });
   }
   void log_scalars(const std::vector<std::pair<std::string, double>>& values, int64_t step) {
+    const auto n = static_cast<uint32_t>(values.size());
+    if (HASTEN_ABI_VERSION_MINOR(vt().tracker.abi_version) == 0) {
+      // ABI 1.0 trackers know hasten_scalar without its struct header.
+      struct ScalarV10 {
+        const char* name;
+        double value;
+      };
+      std::vector<ScalarV10> scalars;
+      scalars.reserve(values.size());
+      for (auto& [name, value] : values) scalars.push_back({name.c_str(), value});
+      call("log_scalars", [&] {
+        return vt().tracker.log_scalars(instance_, reinterpret_cast<const hasten_scalar*>(scalars.data()), n, step);
+      });
+      return;
+    }
     std::vector<hasten_scalar> scalars;
     scalars.reserve(values.size());
-    for (auto& [name, value] : values) scalars.push_back({name.c_str(), value});
-    call("log_scalars", [&] {
-      return vt().tracker.log_scalars(instance_, scalars.data(),
-                                      static_cast<uint32_t>(scalars.size()), step);
-    });
+    for (auto& [name, value] : values) scalars.push_back({HASTEN_STRUCT_INIT(hasten_scalar), name.c_str(), value});
+    call("log_scalars", [&] { return vt().tracker.log_scalars(instance_, scalars.data(), n, step); });
   }
   void log_text(const std::string& name, const std::string& text, int64_t step) {
     if (auto fn = vt().tracker.log_text)

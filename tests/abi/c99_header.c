@@ -6,7 +6,8 @@ static size_t sizes(void) {
   return sizeof(hasten_host_api) + sizeof(hasten_plugin_descriptor) + sizeof(hasten_preset) +
          sizeof(hasten_strategy_vtable) + sizeof(hasten_precision_vtable) + sizeof(hasten_tracker_vtable) +
          sizeof(hasten_comm_vtable) + sizeof(hasten_process_info) + sizeof(hasten_coll_options) +
-         sizeof(hasten_model_info) + sizeof(hasten_tracker_run) + sizeof(hasten_comm_init) + sizeof(hasten_scalar);
+         sizeof(hasten_model_info) + sizeof(hasten_tracker_run) + sizeof(hasten_comm_init) + sizeof(hasten_scalar) +
+         sizeof(hasten_comm_serves) + sizeof(hasten_memory_report);
 }
 
 int main(void) { return sizes() > 0 && HASTEN_ABI_VERSION_MAJOR(HASTEN_ABI_VERSION) == HASTEN_ABI_MAJOR ? 0 : 1; }

@@ -27,4 +27,25 @@ export HASTEN_HOME=$work/home
 test "$(cat "$work/steps.txt")" = "6" || { echo "strategy counted $(cat "$work/steps.txt") steps, expected 6"; exit 1; }
 lines=$(grep -c " loss=" "$work/logs/hasten-example/oot_tracker.log")
 test "$lines" = "6" || { echo "tracker logged $lines losses, expected 6"; exit 1; }
+# A comm plugin the core selects from its own declaration (serves CPU, priority 1000 above
+# every first-party backend): no name in the config, only its directory on the plugin path.
+store_comm=$work/build/libhasten-comm-oot_store.so
+"$prefix/bin/hasten" plugins inspect "$store_comm"
+comm_dir=$work/comm_plugins
+mkdir -p "$comm_dir" && cp "$store_comm" "$comm_dir/"
+"$prefix/bin/hasten" launch --num_processes 2 --main_process_port 0 "$prefix/bin/hasten-example" --workload mlp-small \
+  --steps 3 --warmup 0 --losses-out "$work/default.json" >/dev/null 2>&1
+HASTEN_PLUGIN_PATH=$comm_dir "$prefix/bin/hasten" launch --num_processes 2 --main_process_port 0 \
+  "$prefix/bin/hasten-example" --workload mlp-small --steps 3 --warmup 0 --losses-out "$work/store.json" \
+  >"$work/store.log" 2>&1 || { cat "$work/store.log"; exit 1; }
+grep -q "oot_store comm: rank 0 of 2 connected" "$work/store.log" || { echo "the core did not pick oot_store:"; cat "$work/store.log"; exit 1; }
+python3 - "$work/default.json" "$work/store.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+a, b = (x["losses"] if isinstance(x, dict) else x for x in (a, b))
+d = max(abs(x - y) for x, y in zip(a, b))
+if len(a) != 3 or len(a) != len(b) or d > 1e-5:
+    sys.exit(f"oot_store losses differ from the default backend's: {a} vs {b}")
+print(f"oot_store comm: picked by the core, losses match the default backend (max diff {d:.2e})")
+PY
 echo "out-of-tree plugins: OK"

@@ -444,6 +444,27 @@ TEST(Trackers, CsvAndJsonlWriteTheirFiles) {
   EXPECT_EQ(records[5].at("status"), "ok");
 }
 
+TEST(Trackers, LogTextReachesTheTrackersThatKeepText) {
+  hasten::test::TempDir logs;
+  Options o = isolated();
+  o.logging_dir = logs.path().string();
+  o.trackers = std::vector<std::string>{"csv", "jsonl"};  // csv keeps no text: it skips it
+  Accelerator acc(o);
+  acc.init_trackers("run2");
+  acc.log_text("sample", "the quick brown fox", 7);
+  acc.log({{"loss", 1.0}}, 7);
+  acc.end_training();
+  std::istringstream lines(logs.read("run2/metrics.jsonl"));
+  std::vector<nlohmann::json> records;
+  for (std::string line; std::getline(lines, line);) records.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(records.size(), 4u);  // hparams, text, metrics, end
+  EXPECT_EQ(records[1].at("type"), "text");
+  EXPECT_EQ(records[1].at("name"), "sample");
+  EXPECT_EQ(records[1].at("text"), "the quick brown fox");
+  EXPECT_EQ(records[1].at("step"), 7);
+  EXPECT_EQ(logs.read("run2/metrics.csv"), "step,loss\n7,1\n");
+}
+
 TEST(Trackers, AnUnknownTrackerIsAnErrorListingTheAvailableOnes) {
   Options o = isolated();
   o.trackers = std::vector<std::string>{"tensorbaord"};

@@ -503,6 +503,10 @@ class Accelerator {
   // Trackers (config key `trackers`), on the main process only.
   void init_trackers(const std::string& project, const Hparams& hparams = {});
   void log(const Metrics& values, int64_t step = -1) { engine_->log(values, step); }
+  // A text entry (a sample, a note) for the trackers that keep text; the others skip it.
+  void log_text(const std::string& name, const std::string& text, int64_t step = -1) {
+    engine_->log_text(name, text, step);
+  }
   void end_training() { engine_->end_training(); }
 
  private:

@@ -64,7 +64,10 @@ struct Config {
   std::string precision_options = "{}";
   std::vector<std::string> trackers;
   std::string tracker_options = "{}";  // JSON object keyed by tracker name
-  std::string comm = "auto";
+  std::string comm = "auto";  // the CPU backend (comm_backends["cpu"] or auto)
+  // Config key `comm` per device type ("cpu", "cuda"): a plugin name, a path or "auto"; a
+  // device type not listed is auto.
+  std::map<std::string, std::string> comm_backends;
   std::string comm_options = "{}";
   std::vector<std::string> plugin_path;  // extra plugin directories, searched last
 

@@ -39,6 +39,13 @@ struct PluginInfo {
   std::string torch_fingerprint;
   std::string file;
   std::vector<PluginPreset> presets;
+  // Comm plugins (ABI 1.1 hasten_comm_serves): the DLPack device types served, whether ranks
+  // may span machines, and the priority under `comm: auto`. serves_declared is false for a
+  // backend that declares nothing (selectable by name only).
+  bool serves_declared = false;
+  std::vector<int> serves_device_types;
+  bool serves_any_machines = false;
+  int serves_priority = 0;
 };
 
 // A library or descriptor the registry refused, and why (one line).

@@ -95,6 +95,10 @@ hasten_status classify(const std::string& what) {
 
 class GlooComm final : public hasten::sdk::Comm {
  public:
+  // CPU buffers over TCP, ranks on any machines.
+  static constexpr int32_t kDevices[] = {kDLCPU};
+  static constexpr hasten_comm_serves serves = hasten::sdk::comm_serves(kDevices, HASTEN_COMM_SCOPE_ANY, 10);
+
   GlooComm(const hasten_host_api* host, std::string_view options) : Comm(host) {
     // Options: {"hostname": "..."} picks the interface other ranks reach this one on.
     const std::string o(options);

@@ -82,6 +82,10 @@ void cpu_relax() {
 
 class ShmComm final : public hasten::sdk::Comm {
  public:
+  // CPU buffers of ranks on one machine; preferred to gloo there (memory, not sockets).
+  static constexpr int32_t kDevices[] = {kDLCPU};
+  static constexpr hasten_comm_serves serves = hasten::sdk::comm_serves(kDevices, HASTEN_COMM_SCOPE_ONE_MACHINE, 20);
+
   ShmComm(const hasten_host_api* host, std::string_view options) : Comm(host) {
     const std::string o(options);
     const std::string key = "\"buffer_mb\":";

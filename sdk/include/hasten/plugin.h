@@ -1,5 +1,5 @@
 /*
- * hasten plugin ABI, version 1.
+ * hasten plugin ABI, version 1.1.
  *
  * The one contract between the hasten core (the "host") and its plugins: strategies,
  * precision, trackers and communication backends. C99, no LibTorch, no C++.
@@ -15,7 +15,28 @@
  *   copies min(struct_size, its own sizeof) into zeroed storage, so a slot the other side does
  *   not know reads as NULL/0, which always means "not supported" / "default".
  * - Versions: HASTEN_ABI_MAJOR changes only when a layout changes incompatibly (new entry
- *   symbol _v2); HASTEN_ABI_MINOR grows when fields, slots or enum values are appended.
+ *   symbol _v2); HASTEN_ABI_MINOR grows with every field, slot or enum value appended, and the
+ *   table below says what each minor added. A plugin built against 1.N loads in every host of
+ *   major 1; a host reads a field of minor > N as NULL/0 and never calls a slot the plugin's
+ *   struct_size does not cover. tests/abi/v1_0 keeps the 1.0 header and a plugin built on it.
+ *
+ *     minor  added
+ *     1.0    everything not listed below
+ *     1.1    hasten_model_info.units, n_units; strategy slots unit_pre_forward,
+ *            unit_post_forward, memory_report, state_dict; hasten_memory_report;
+ *            hasten_comm_serves and hasten_comm_vtable.serves (how the host picks a backend);
+ *            HASTEN_STRUCT_HEADER on hasten_scalar (the host hands 1.0 trackers the 1.0
+ *            layout {name, value}).
+ *
+ * - Tensors in asynchronous calls: a DLTensor struct passed to any call (and its shape and
+ *   strides arrays) is borrowed for the duration of the call only; a callee that needs them
+ *   after returning copies them. The memory it points to (data) is borrowed until the work
+ *   the call returned has completed (or, when no work came back, until the call returns).
+ * - Work items: an operation that returns a hasten_work** may set *work to NULL, which means
+ *   it already completed successfully: the caller neither waits on nor frees a NULL work.
+ *   This holds for host collectives (host->allreduce...) and for comm plugin operations.
+ * - Names: plugin and preset names are 1 to 64 characters of [a-z0-9_-], unique within a
+ *   kind across every loaded library (the loader refuses anything else).
  * - Errors: every fallible function returns hasten_status. A non-OK status comes with a
  *   message set through host->set_error() on the same thread before returning. No C++
  *   exception may cross the boundary in either direction.
@@ -44,7 +65,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------ */
 
 #define HASTEN_ABI_MAJOR 1
-#define HASTEN_ABI_MINOR 0
+#define HASTEN_ABI_MINOR 1
 /* Packed as (major << 16) | minor in every abi_version field. */
 #define HASTEN_ABI_VERSION ((uint32_t)((HASTEN_ABI_MAJOR << 16) | HASTEN_ABI_MINOR))
 #define HASTEN_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -183,8 +204,10 @@ struct hasten_host_api {
 
   /* Collectives over every rank of the run, for strategy and precision plugins. The host
    * routes by the buffer's device (CPU buffers to the CPU comm backend, CUDA buffers to the
-   * GPU backend). Buffers are borrowed until the work completes. *work may come back NULL,
-   * which means the operation already completed; otherwise wait on it and free it. */
+   * GPU backend). The DLTensor structs are borrowed for the call; their data until the work
+   * completes. *work may come back NULL, which means the operation already completed;
+   * otherwise wait on it and free it. work may be NULL: the call then completes the
+   * operation before returning. */
   hasten_status (*allreduce)(const hasten_host_api* host, DLTensor* buffer, int32_t op,
                              const hasten_coll_options* options, hasten_work** work);
   hasten_status (*allgather)(const hasten_host_api* host, const DLTensor* input,
@@ -213,7 +236,7 @@ struct hasten_host_api {
 /* A named option set, e.g. the zero strategy's "zero3_offload". All strings static. */
 typedef struct hasten_preset {
   HASTEN_STRUCT_HEADER;
-  const char* name;         /* selectable like a plugin name                          */
+  const char* name;         /* selectable like a plugin name; same rule as plugin names */
   const char* description;  /* one line                                               */
   const char* options_json; /* a JSON object merged under the user's options          */
 } hasten_preset;
@@ -222,7 +245,7 @@ typedef struct hasten_preset {
 typedef struct hasten_plugin_descriptor {
   HASTEN_STRUCT_HEADER;          /* abi_version: the ABI the plugin was built against    */
   int32_t kind;                  /* hasten_plugin_kind                                   */
-  const char* name;              /* registry key: [a-z0-9_]+, unique within its kind     */
+  const char* name;              /* registry key: 1-64 of [a-z0-9_-], unique in its kind */
   const char* version;           /* the plugin's own version, free form                  */
   const char* description;       /* one line                                             */
   /* NULL for the C tier. For the torch tier, the LibTorch build the plugin was compiled
@@ -254,7 +277,7 @@ typedef struct hasten_model_info {
   uint32_t index;     /* 0 for the first prepared model, 1 for the second...         */
   DLDevice device;    /* where the model must live for this process                 */
   int32_t train;      /* non-zero when the model has parameters that need gradients */
-  /* The model's sharding units (hasten::Unit), borrowed for the call; the modules live as
+  /* Since 1.1. The model's sharding units (hasten::Unit), borrowed for the call; the modules live as
    * long as the model. units[0] is the model itself: the unit of every parameter that no
    * nested unit owns. units[1..n_units-1] are the nested units in the order of
    * model.modules(). A model that declares no units has n_units == 1. */
@@ -262,7 +285,7 @@ typedef struct hasten_model_info {
   uint32_t n_units;
 } hasten_model_info;
 
-/* Bytes a strategy holds on this rank, now and at their peak since prepare. */
+/* Since 1.1. Bytes a strategy holds on this rank, now and at their peak since prepare. */
 typedef struct hasten_memory_report {
   HASTEN_STRUCT_HEADER;
   uint64_t params;           /* full (unsharded) parameters currently allocated           */
@@ -303,6 +326,7 @@ typedef struct hasten_strategy_vtable {
    * computed over every rank's share where gradients are sharded. */
   hasten_status (*clip_grad_norm)(hasten_instance* self, hasten_module* model, double max_norm,
                                   double norm_type, double* total_norm);
+  /* ---- Since 1.1 ---- */
   /* Optional: sharding units. The host calls them on the thread running the unit's forward:
    * before it (unit_pre_forward) and after it with its tensor outputs (unit_post_forward;
    * outputs borrowed for the call, the strategy may register hooks on them). `unit` indexes
@@ -362,9 +386,14 @@ typedef struct hasten_precision_vtable {
 /* Kind: tracker (C tier)                                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
+/* One named value of log_scalars. Since 1.1 it leads with HASTEN_STRUCT_HEADER, like every
+ * struct that crosses the boundary. The host passes arrays in the layout of the minor the
+ * tracker's vtable declares, so a tracker indexes values[i] with its own sizeof; a tracker
+ * of minor 0 receives the 1.0 layout {const char* name; double value;}. */
 typedef struct hasten_scalar {
+  HASTEN_STRUCT_HEADER;
   const char* name; /* borrowed */
-  double value;
+  double value;     /* logged as given: NaN and infinities included */
 } hasten_scalar;
 
 typedef struct hasten_tracker_run {
@@ -384,10 +413,11 @@ typedef struct hasten_tracker_vtable {
   void (*destroy)(hasten_instance* self);
   /* Required. Opens the run's files; called once, before any log. */
   hasten_status (*start)(hasten_instance* self, const hasten_tracker_run* run);
-  /* Required. values: borrowed array of n scalars logged at step (-1: no step given). */
+  /* Required. values: borrowed array of n scalars logged at step (-1: no step given), in
+   * the layout of this vtable's minor (see hasten_scalar). */
   hasten_status (*log_scalars)(hasten_instance* self, const hasten_scalar* values, uint32_t n,
                                int64_t step);
-  /* Optional. A text entry. */
+  /* Optional. A text entry (Accelerator::log_text). NULL: the tracker keeps no text. */
   hasten_status (*log_text)(hasten_instance* self, const char* name, const char* text,
                             int64_t step);
   /* Optional. Pushes buffered records to storage. */
@@ -412,6 +442,23 @@ typedef struct hasten_comm_init {
   const char* store_prefix; /* borrowed: prefix for this communicator's store keys    */
 } hasten_comm_init;
 
+/* Since 1.1. What a comm backend serves, so that the host can pick one without knowing its
+ * name: for each device type the run needs (CPU always, CUDA on GPU runs), the host takes the
+ * backend the config key `comm` names for that device type, or, with `comm: auto`, the
+ * serving backend of highest priority among those whose scope fits the run (ties: the name
+ * in alphabetical order). Static. */
+enum {
+  HASTEN_COMM_SCOPE_ONE_MACHINE = 1, /* every rank must be on one machine (shared memory)    */
+  HASTEN_COMM_SCOPE_ANY = 2          /* ranks on any machines                                */
+};
+typedef struct hasten_comm_serves {
+  HASTEN_STRUCT_HEADER;
+  const int32_t* device_types; /* static: DLDeviceType values (kDLCPU, kDLCUDA)              */
+  uint32_t n_device_types;
+  int32_t scope;    /* HASTEN_COMM_SCOPE_*                                                  */
+  int32_t priority; /* larger wins under `comm: auto`; first-party: shm 20, gloo 10, nccl 30 */
+} hasten_comm_serves;
+
 typedef struct hasten_comm_vtable {
   HASTEN_STRUCT_HEADER;
   /* Required. */
@@ -423,6 +470,8 @@ typedef struct hasten_comm_vtable {
   hasten_status (*init)(hasten_instance* self, const hasten_comm_init* init);
   /* Required. Non-zero when the backend handles buffers on device_type (kDLCPU, kDLCUDA). */
   int32_t (*supports_device)(hasten_instance* self, int32_t device_type);
+  /* Collectives below: the DLTensor structs are borrowed for the call only, their data until
+   * the work completes; *work = NULL means completed already (see the rules at the top). */
   /* Required. In place over buffer. */
   hasten_status (*allreduce)(hasten_instance* self, DLTensor* buffer, int32_t op,
                              const hasten_coll_options* options, hasten_work** work);
@@ -443,13 +492,19 @@ typedef struct hasten_comm_vtable {
   /* Required. Waits until work completes (timeout_ms 0: the init timeout). A failure of the
    * operation (a dead peer, a timeout) is returned here with its message. */
   hasten_status (*work_wait)(hasten_instance* self, hasten_work* work, int64_t timeout_ms);
-  /* Optional. *done = non-zero when work has completed; never blocks. */
+  /* Optional. *done = non-zero when work has completed; never blocks. NULL: the host only
+   * learns of completion through work_wait. */
   hasten_status (*work_test)(hasten_instance* self, hasten_work* work, int32_t* done);
   /* Required. Releases work (waiting for it first if needed). NULL is a no-op. */
   void (*work_free)(hasten_instance* self, hasten_work* work);
-  /* Optional. Makes every pending and future operation fail promptly (used when a peer is
-   * known to be dead); callable from any thread. */
+  /* Optional. Makes every pending and future operation fail promptly; callable from any
+   * thread. The host calls it when a wait failed (a timeout, a dead peer): the run is then
+   * over, and no rank should block in a collective that can never complete. */
   void (*abort)(hasten_instance* self);
+  /* ---- Since 1.1 ---- */
+  /* Optional (static): what the backend serves. NULL: the host never picks it under `comm:
+   * auto`; the config can still select it by name or path. */
+  const hasten_comm_serves* serves;
 } hasten_comm_vtable;
 
 /* ------------------------------------------------------------------------------------------ */

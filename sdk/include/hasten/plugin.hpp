@@ -6,12 +6,24 @@
 // is; torch-tier authors compile with HASTEN_PLUGIN_TORCH_TIER defined (hasten_add_plugin(...
 // TORCH) does it), which adds the LibTorch parts.
 //
+// A whole tracker plugin (tests/abi/header_examples.py compiles the lines between the
+// example markers):
+// example begin
+//   #include <hasten/plugin.hpp>
+//   #include <cstdio>
 //   struct MyTracker : hasten::sdk::Tracker {
-//     MyTracker(const hasten_host_api* host, std::string_view options) : Tracker(host) {}
-//     void start(const hasten_tracker_run& run) override { ... }
-//     void log_scalars(const hasten_scalar* v, uint32_t n, int64_t step) override { ... }
+//     MyTracker(const hasten_host_api* host, std::string_view options) : Tracker(host) {
+//       hasten::sdk::require_no_options(options, "mytracker");
+//     }
+//     void start(const hasten_tracker_run& run) override { std::printf("%s\n", run.project); }
+//     void log_scalars(const hasten_scalar* v, uint32_t n, int64_t step) override {
+//       for (uint32_t i = 0; i < n; ++i) std::printf("%lld %s %g\n", (long long)step, v[i].name, v[i].value);
+//     }
 //   };
-//   HASTEN_PLUGIN_LIBRARY(hasten::sdk::tracker_descriptor<MyTracker>("mytracker", "1.0", "..."))
+//   static constexpr hasten_plugin_descriptor kMine =
+//       hasten::sdk::tracker_descriptor<MyTracker>("mytracker", "1.0", "prints scalars");
+//   HASTEN_PLUGIN_LIBRARY(&kMine)
+// example end
 #ifndef HASTEN_PLUGIN_HPP
 #define HASTEN_PLUGIN_HPP
 
@@ -278,13 +290,31 @@ class Comm : public PluginBase {
                                  const hasten_coll_options* options) = 0;
   virtual hasten_work* barrier(const hasten_coll_options* options) = 0;
   virtual void wait(hasten_work* work, int64_t timeout_ms) = 0;
+  // Override to answer work_test (never blocking); without it the slot stays NULL and the
+  // host learns of completion through wait.
   virtual bool test(hasten_work* work) {
-    wait(work, 0);
-    return true;
+    (void)work;
+    return false;
   }
   virtual void free_work(hasten_work* work) noexcept = 0;
   virtual void abort() noexcept {}
 };
+
+namespace detail {
+// A comm class may declare what it serves (ABI 1.1):
+//   static constexpr int32_t kDevices[] = {kDLCPU};
+//   static constexpr hasten_comm_serves serves = hasten::sdk::comm_serves(kDevices, HASTEN_COMM_SCOPE_ANY, 10);
+template <class T, class = void>
+struct declares_serves : std::false_type {};
+template <class T>
+struct declares_serves<T, std::void_t<decltype(&T::serves)>> : std::true_type {};
+}  // namespace detail
+
+template <size_t N>
+constexpr hasten_comm_serves comm_serves(const int32_t (&device_types)[N], int32_t scope, int32_t priority) {
+  return hasten_comm_serves{HASTEN_STRUCT_INIT(hasten_comm_serves), device_types, static_cast<uint32_t>(N),
+                            scope, priority};
+}
 
 template <class T>
 constexpr hasten_comm_vtable make_comm_vtable() {
@@ -330,13 +360,15 @@ constexpr hasten_comm_vtable make_comm_vtable() {
   vt.work_wait = [](hasten_instance* i, hasten_work* w, int64_t timeout_ms) noexcept {
     return detail::call<Comm>(i, [&](Comm& c) { c.wait(w, timeout_ms); });
   };
-  vt.work_test = [](hasten_instance* i, hasten_work* w, int32_t* done) noexcept {
-    return detail::call<Comm>(i, [&](Comm& c) { *done = c.test(w) ? 1 : 0; });
-  };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Comm, test))
+    vt.work_test = [](hasten_instance* i, hasten_work* w, int32_t* done) noexcept {
+      return detail::call<Comm>(i, [&](Comm& c) { *done = c.test(w) ? 1 : 0; });
+    };
   vt.work_free = [](hasten_instance* i, hasten_work* w) noexcept {
     detail::self<Comm>(i)->free_work(w);
   };
   vt.abort = [](hasten_instance* i) noexcept { detail::self<Comm>(i)->abort(); };
+  if constexpr (detail::declares_serves<T>::value) vt.serves = &T::serves;
   return vt;
 }
 template <class T>

@@ -107,6 +107,7 @@ class Engine {
   // Trackers.
   void init_trackers(const std::string& project, const std::string& hparams_json);
   void log(const std::vector<std::pair<std::string, double>>& values, int64_t step);
+  void log_text(const std::string& name, const std::string& text, int64_t step);
   void end_training();
 
  private:
