@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <csignal>
+#include <tuple>
 #include <cstdlib>
 #include <fstream>
 
@@ -140,6 +141,28 @@ TEST(Shm, IsTheDefaultOnOneMachineAndChunksLargeBuffers) {
         require(b.eq(1.0f).all().item<bool>(), "chunked broadcast");
       },
       with_ranks(2, {{"HASTEN_COMM_OPTIONS", "{buffer_mb: 1}"}}));
+}
+
+TEST(CommOptions, AnUnknownKeyOrABadValueIsAnErrorNamingIt) {
+  // Before: the options were searched as text, so a misspelt key next to a known one passed.
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"shm", "{buffer_mb: 1, bufer_mb: 2}", "unknown key 'bufer_mb' (allowed: buffer_mb)"},
+      {"shm", "{buffer_mb: lots}", "buffer_mb must be a number from 1 to 4096"},
+      {"gloo", "{hostname: localhost, interface: eth0}", "unknown key 'interface' (allowed: hostname)"},
+      {"gloo", "{hostname: 3}", "hostname must be a host name or address"}};
+  for (const auto& [comm, options, expected] : cases) {
+    const std::string want = expected;
+    hasten::launch(
+        [want] {
+          try {
+            Accelerator acc;
+            require(false, "the options were accepted");
+          } catch (const hasten::PluginError& e) {
+            require(std::string(e.what()).find(want) != std::string::npos, std::string("message: ") + e.what());
+          }
+        },
+        with_ranks(2, {{"HASTEN_COMM", comm}, {"HASTEN_COMM_OPTIONS", options}}));
+  }
 }
 
 TEST(Distributed, GatherForMetricsIsExact) {
