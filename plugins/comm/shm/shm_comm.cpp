@@ -13,7 +13,6 @@
 // peers are alive, so a dead peer is HASTEN_ERR_REMOTE and a hung one HASTEN_ERR_TIMEOUT.
 // Operations run on the caller's thread and complete before they return: on one machine the
 // latency of a hand-off to another thread is what this plugin exists to avoid.
-#include <nlohmann/json.hpp>
 #include <hasten/plugin.hpp>
 
 #include <fcntl.h>
@@ -88,17 +87,11 @@ class ShmComm final : public hasten::sdk::Comm {
   static constexpr hasten_comm_serves serves = hasten::sdk::comm_serves(kDevices, HASTEN_COMM_SCOPE_ONE_MACHINE, 20);
 
   ShmComm(const hasten_host_api* host, std::string_view options) : Comm(host) {
-    const auto o = nlohmann::json::parse(options.empty() ? std::string_view("{}") : options, nullptr, false);
-    if (o.is_discarded() || !(o.is_object() || o.is_null()))
-      throw Error(HASTEN_ERR_INVALID_ARGUMENT, "shm options: not a JSON object: " + std::string(options));
-    for (auto it = o.begin(); o.is_object() && it != o.end(); ++it) {
-      if (it.key() != "buffer_mb")
-        throw Error(HASTEN_ERR_INVALID_ARGUMENT, "shm options: unknown key '" + it.key() + "' (allowed: buffer_mb)");
-      const double mb = it.value().is_number() ? it.value().get<double>() : 0.0;
-      if (!(mb >= 1 && mb <= 4096))
-        throw Error(HASTEN_ERR_INVALID_ARGUMENT, "shm options: buffer_mb must be a number from 1 to 4096, got " +
-                                                     it.value().dump());
-      capacity_ = static_cast<size_t>(mb * 1024 * 1024) / kLine * kLine;
+    const hasten::sdk::Options o(host, options, "shm", {"buffer_mb"});
+    if (const auto mb = o.number("buffer_mb")) {
+      if (!(*mb >= 1 && *mb <= 4096))
+        throw Error(HASTEN_ERR_INVALID_ARGUMENT, "shm options: buffer_mb must be 1 to 4096, got " + std::to_string(*mb));
+      capacity_ = static_cast<size_t>(*mb * 1024 * 1024) / kLine * kLine;
     }
   }
 
@@ -334,7 +327,10 @@ class ShmComm final : public hasten::sdk::Comm {
       }
       ::sched_yield();
       if ((spins & 1023) != 0) continue;
-      if (::kill(c->pid.load(std::memory_order_relaxed), 0) != 0 && errno == ESRCH)
+      // A peer that published its last phase and then exited is not a failure: look again
+      // after learning it is gone, or the end of a run races with its last collective.
+      if (::kill(c->pid.load(std::memory_order_relaxed), 0) != 0 && errno == ESRCH &&
+          c->phase[phase].value.load(std::memory_order_acquire) < id)
         throw Error(HASTEN_ERR_REMOTE, "shm: rank " + std::to_string(q) + " (pid " + std::to_string(c->pid.load()) +
                                            ") died during " + op + " (rank " + std::to_string(rank_) + " was waiting)");
       if (Clock::now() > deadline)
