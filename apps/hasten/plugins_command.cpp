@@ -20,6 +20,17 @@ void print_table(const std::vector<PluginInfo>& plugins) {
               << p.tier << p.file << "\n";
     for (auto& preset : p.presets)
       std::cout << "  preset " << preset.name << ": " << preset.description << " " << preset.options_json << "\n";
+    if (p.kind == PluginKind::Comm) {
+      if (!p.serves_declared) {
+        std::cout << "  serves: (not declared: selectable by name only, never under comm: auto)\n";
+        continue;
+      }
+      std::string devices;
+      for (int d : p.serves_device_types)
+        devices += (devices.empty() ? "" : ", ") + std::string(d == 1 ? "cpu" : d == 2 ? "cuda" : std::to_string(d));
+      std::cout << "  serves: " << devices << (p.serves_any_machines ? "; ranks on any machines" : "; ranks on one machine")
+                << "; priority " << p.serves_priority << "\n";
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "communicator.hpp"
+#include "host_options.hpp"
 
 namespace hasten::detail {
 
@@ -222,6 +223,7 @@ HostContext::HostContext() {
   api.work_wait = &host_work_wait;
   api.work_free = &host_work_free;
   api.last_error = &host_last_error;
+  install_option_lookups(api);
 }
 
 const hasten_host_api* registry_host() {
@@ -235,6 +237,8 @@ std::string take_plugin_error(const char* fallback) {
   t_plugin_error_set = false;
   return message;
 }
+
+hasten_status set_host_error(hasten_status status, const std::string& message) { return fail(status, message); }
 
 void clear_plugin_error() {
   t_plugin_error.clear();

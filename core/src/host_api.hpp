@@ -38,6 +38,8 @@ const char* host_torch_fingerprint();
 // Returns and clears the message a plugin set on this thread; `fallback` if none was set.
 std::string take_plugin_error(const char* fallback = "no message");
 void clear_plugin_error();
+// Records message as this thread's host error (what last_error returns) and returns status.
+hasten_status set_host_error(hasten_status status, const std::string& message);
 
 const char* status_name(hasten_status status) noexcept;
 

@@ -71,6 +71,9 @@ with tempfile.TemporaryDirectory() as d:
                        "prog"), env=env, check=True)
     if '"strategy": "zero"' not in p.stdout or '"stage": 3' not in p.stdout:
         h.fail("launch --set did not reach the resolved config:\n" + p.stdout)
+    p = h.run(h.hasten("plugins"), env=env, check=True)
+    if "serves: cpu; ranks on one machine; priority 20" not in p.stdout or "serves: cpu; ranks on any machines; priority 10" not in p.stdout:
+        h.fail("hasten plugins does not show what shm and gloo serve:\n" + p.stdout)
     p = h.run(h.hasten("launch", "--dry-run", "--num_processes", "2", "prog", "--flag"), env=env, check=True)
     if "worker rank 1 (local rank 1)" not in p.stdout or "prog --flag" not in p.stdout:
         h.fail("launch --dry-run did not print the plan:\n" + p.stdout)

@@ -146,10 +146,11 @@ TEST(Shm, IsTheDefaultOnOneMachineAndChunksLargeBuffers) {
 TEST(CommOptions, AnUnknownKeyOrABadValueIsAnErrorNamingIt) {
   // Before: the options were searched as text, so a misspelt key next to a known one passed.
   const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
-      {"shm", "{buffer_mb: 1, bufer_mb: 2}", "unknown key 'bufer_mb' (allowed: buffer_mb)"},
-      {"shm", "{buffer_mb: lots}", "buffer_mb must be a number from 1 to 4096"},
-      {"gloo", "{hostname: localhost, interface: eth0}", "unknown key 'interface' (allowed: hostname)"},
-      {"gloo", "{hostname: 3}", "hostname must be a host name or address"}};
+      {"shm", "{buffer_mb: 1, bufer_mb: 2}", "shm options: unknown key 'bufer_mb' (allowed: buffer_mb); did you mean 'buffer_mb'?"},
+      {"shm", "{buffer_mb: lots}", "option buffer_mb: expected a number, got \"lots\""},
+      {"shm", "{buffer_mb: 0.5}", "buffer_mb must be 1 to 4096"},
+      {"gloo", "{hostname: localhost, interface: eth0}", "gloo options: unknown key 'interface' (allowed: hostname)"},
+      {"gloo", "{hostname: 3}", "option hostname: expected a string, got 3"}};
   for (const auto& [comm, options, expected] : cases) {
     const std::string want = expected;
     hasten::launch(

@@ -1,6 +1,7 @@
 // The plugin registry: discovery, selection, and every refusal, each proven with a
 // deliberately broken plugin (tests/plugins/).
 #include <hasten/error.hpp>
+#include <hasten/plugin.hpp>
 #include <hasten/registry.hpp>
 
 #include <gtest/gtest.h>
@@ -141,4 +142,49 @@ TEST(RegistryRefuses, SelectingARefusedFileByPathSaysWhy) {
   } catch (const hasten::PluginError& e) {
     EXPECT_NE(std::string(e.what()).find("was refused: required slot 'log_scalars' is NULL"), std::string::npos) << e.what();
   }
+}
+
+// The host's option look-ups (ABI 1.1) through the SDK's Options, as a plugin reads them.
+namespace hasten::detail {
+const hasten_host_api* registry_host();
+}
+
+TEST(HostOptions, TypedLookUpsAndUnknownKeys) {
+  const hasten_host_api* host = hasten::detail::registry_host();
+  using hasten::sdk::Options;
+  const std::string json =
+      R"({"n": 3, "x": 0.5, "on": true, "name": "abc", "items": ["a", "bcd"], "one": "z", "nothing": null})";
+  const Options o(host, json, "demo", {"n", "x", "on", "name", "items", "one", "nothing", "absent"});
+  EXPECT_EQ(o.integer("n"), 3);
+  EXPECT_EQ(o.number("n"), 3.0);  // integers are numbers too
+  EXPECT_EQ(o.number("x"), 0.5);
+  EXPECT_EQ(o.boolean("on"), true);
+  EXPECT_EQ(o.text("name"), "abc");
+  EXPECT_EQ(o.list("items"), (std::vector<std::string>{"a", "bcd"}));
+  EXPECT_EQ(o.list("one"), (std::vector<std::string>{"z"}));
+  EXPECT_FALSE(o.integer("absent").has_value());
+  EXPECT_FALSE(o.text("nothing").has_value());  // null is absent, as in config files
+  auto message = [&](auto&& fn) -> std::string {
+    try {
+      fn();
+    } catch (const hasten::sdk::Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_EQ(message([&] { (void)o.integer("x"); }), "option x: expected an integer, got 0.5");
+  EXPECT_EQ(message([&] { (void)o.boolean("name"); }), "option name: expected true or false, got \"abc\"");
+  EXPECT_EQ(message([&] { (void)o.list("n"); }), "option n: expected a list of strings, got 3");
+  EXPECT_EQ(message([&] { Options(host, R"({"bucket": 1})", "demo", {"buckets", "dim"}); }),
+            "demo options: unknown key 'bucket' (allowed: buckets, dim); did you mean 'buckets'?");
+  EXPECT_EQ(message([&] { Options(host, R"({"a": 1})", "demo", {}); }), "demo options: unknown key 'a' (allowed: none)");
+  EXPECT_NE(message([&] { Options(host, "[1]", "demo", {}); }).find("not a JSON object"), std::string::npos);
+  // A too small buffer is an error that says the size needed; capacity 0 only asks.
+  char small[2];
+  size_t size = 0;
+  int32_t found = 0;
+  EXPECT_EQ(host->option_string(host, json.c_str(), "name", nullptr, 0, &size, &found), HASTEN_OK);
+  EXPECT_EQ(size, 4u);
+  EXPECT_EQ(host->option_string(host, json.c_str(), "name", small, sizeof small, &size, &found),
+            HASTEN_ERR_INVALID_ARGUMENT);
 }

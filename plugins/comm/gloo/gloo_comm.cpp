@@ -5,7 +5,6 @@
 // (every rank issues the same order), and returns a work item at once. Each operation has
 // a Gloo timeout; a wait has its own. A peer that died surfaces as HASTEN_ERR_REMOTE, a peer
 // that hangs as HASTEN_ERR_TIMEOUT, each with a message, on every other rank.
-#include <nlohmann/json.hpp>
 #include <hasten/plugin.hpp>
 
 #include <gloo/allgather.h>
@@ -102,17 +101,8 @@ class GlooComm final : public hasten::sdk::Comm {
 
   GlooComm(const hasten_host_api* host, std::string_view options) : Comm(host) {
     // Options: {"hostname": "..."} picks the interface other ranks reach this one on.
-    const auto o = nlohmann::json::parse(options.empty() ? std::string_view("{}") : options, nullptr, false);
-    if (o.is_discarded() || !(o.is_object() || o.is_null()))
-      throw Error(HASTEN_ERR_INVALID_ARGUMENT, "gloo options: not a JSON object: " + std::string(options));
-    for (auto it = o.begin(); o.is_object() && it != o.end(); ++it) {
-      if (it.key() != "hostname")
-        throw Error(HASTEN_ERR_INVALID_ARGUMENT, "gloo options: unknown key '" + it.key() + "' (allowed: hostname)");
-      if (!it.value().is_string() || it.value().get<std::string>().empty())
-        throw Error(HASTEN_ERR_INVALID_ARGUMENT, "gloo options: hostname must be a host name or address, got " +
-                                                     it.value().dump());
-      hostname_ = it.value().get<std::string>();
-    }
+    const hasten::sdk::Options o(host, options, "gloo", {"hostname"});
+    hostname_ = o.text("hostname").value_or("");
   }
 
   ~GlooComm() override {

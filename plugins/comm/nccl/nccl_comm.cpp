@@ -219,8 +219,7 @@ class NcclComm final : public hasten::sdk::Comm {
   static constexpr int32_t kDevices[] = {kDLCUDA};
   static constexpr hasten_comm_serves serves = hasten::sdk::comm_serves(kDevices, HASTEN_COMM_SCOPE_ANY, 30);
   NcclComm(const hasten_host_api* host, std::string_view options) : Comm(host) {
-    if (options != "{}" && options != "null")
-      throw Error(HASTEN_ERR_INVALID_ARGUMENT, "nccl takes no options, got " + std::string(options));
+    hasten::sdk::Options(host, options, "nccl", {});  // takes none: any key is an error naming it
   }
 
   ~NcclComm() override {

@@ -26,7 +26,8 @@
  *            unit_post_forward, memory_report, state_dict; hasten_memory_report;
  *            hasten_comm_serves and hasten_comm_vtable.serves (how the host picks a backend);
  *            HASTEN_STRUCT_HEADER on hasten_scalar (the host hands 1.0 trackers the 1.0
- *            layout {name, value}).
+ *            layout {name, value}); host option look-ups (options_check, option_bool,
+ *            option_int, option_float, option_string, option_list_item).
  *
  * - Tensors in asynchronous calls: a DLTensor struct passed to any call (and its shape and
  *   strides arrays) is borrowed for the duration of the call only; a callee that needs them
@@ -227,6 +228,35 @@ struct hasten_host_api {
   /* The message of the last host call that failed on this thread ("" if none). Borrowed:
    * valid until the next host call on this thread. */
   const char* (*last_error)(const hasten_host_api* host);
+
+  /* ---- Since 1.1: option look-ups, so that no plugin parses JSON by hand ----
+   * options_json is the text a create() received (a JSON object); key is a top-level key.
+   * A look-up of an absent key returns HASTEN_OK with *found = 0 and leaves the value alone;
+   * a value of another type is HASTEN_ERR_INVALID_ARGUMENT with a message naming the key, the
+   * value and the type wanted. Check host->struct_size before calling (a 1.0 host has none). */
+  /* HASTEN_ERR_INVALID_ARGUMENT naming plugin, the first unknown key and the allowed ones
+   * (allowed: comma-separated keys, "" for none) when options_json has a key not allowed. */
+  hasten_status (*options_check)(const hasten_host_api* host, const char* plugin,
+                                 const char* options_json, const char* allowed);
+  hasten_status (*option_bool)(const hasten_host_api* host, const char* options_json,
+                               const char* key, int32_t* value, int32_t* found);
+  hasten_status (*option_int)(const hasten_host_api* host, const char* options_json,
+                              const char* key, int64_t* value, int32_t* found);
+  /* Integers are numbers too. */
+  hasten_status (*option_float)(const hasten_host_api* host, const char* options_json,
+                                const char* key, double* value, int32_t* found);
+  /* Copies the string and its NUL into buffer; *size = the bytes needed (NUL included). A too
+   * small capacity is HASTEN_ERR_INVALID_ARGUMENT with *size set, buffer untouched. */
+  hasten_status (*option_string)(const hasten_host_api* host, const char* options_json,
+                                 const char* key, char* buffer, size_t capacity, size_t* size,
+                                 int32_t* found);
+  /* A list of strings (a single string counts as a list of one): *count = its length (0 and
+   * *found = 0 when absent); item `index` (< *count) is copied as by option_string. Call with
+   * capacity 0 to learn the count and the size. */
+  hasten_status (*option_list_item)(const hasten_host_api* host, const char* options_json,
+                                    const char* key, uint32_t index, char* buffer,
+                                    size_t capacity, size_t* size, uint32_t* count,
+                                    int32_t* found);
 };
 
 /* ------------------------------------------------------------------------------------------ */

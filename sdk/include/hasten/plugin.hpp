@@ -34,6 +34,9 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <initializer_list>
+#include <optional>
+#include <vector>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -136,6 +139,85 @@ inline void require_no_options(std::string_view options_json, const std::string&
   if (options_json != "{}" && options_json != "null" && !options_json.empty())
     throw Error(HASTEN_ERR_INVALID_ARGUMENT, plugin + " takes no options, got " + std::string(options_json));
 }
+
+// A plugin's options read through the host's look-ups (ABI 1.1), so that no plugin parses
+// JSON by hand: the constructor refuses a key not in `allowed` (the message names the plugin,
+// the key and the allowed ones); each getter returns std::nullopt for an absent key and
+// throws Error with the host's message for a value of another type.
+//   Options o(host, options_json, "shm", {"buffer_mb"});
+//   if (auto mb = o.number("buffer_mb")) ...
+class Options {
+ public:
+  Options(const hasten_host_api* host, std::string_view options_json, const std::string& plugin,
+          std::initializer_list<const char*> allowed)
+      : host_(host), text_(options_json.empty() ? std::string("{}") : std::string(options_json)) {
+    std::string keys;
+    for (const char* k : allowed) keys += (keys.empty() ? "" : ",") + std::string(k);
+    require(offsetof(hasten_host_api, options_check), host_ != nullptr ? (const void*)host_->options_check : nullptr);
+    ok(host_->options_check(host_, plugin.c_str(), text_.c_str(), keys.c_str()));
+  }
+  std::optional<bool> boolean(const char* key) const {
+    int32_t v = 0, found = 0;
+    require(offsetof(hasten_host_api, option_bool), (const void*)host_->option_bool);
+    ok(host_->option_bool(host_, text_.c_str(), key, &v, &found));
+    return found ? std::optional<bool>(v != 0) : std::nullopt;
+  }
+  std::optional<int64_t> integer(const char* key) const {
+    int64_t v = 0;
+    int32_t found = 0;
+    require(offsetof(hasten_host_api, option_int), (const void*)host_->option_int);
+    ok(host_->option_int(host_, text_.c_str(), key, &v, &found));
+    return found ? std::optional<int64_t>(v) : std::nullopt;
+  }
+  std::optional<double> number(const char* key) const {
+    double v = 0;
+    int32_t found = 0;
+    require(offsetof(hasten_host_api, option_float), (const void*)host_->option_float);
+    ok(host_->option_float(host_, text_.c_str(), key, &v, &found));
+    return found ? std::optional<double>(v) : std::nullopt;
+  }
+  std::optional<std::string> text(const char* key) const {
+    size_t size = 0;
+    int32_t found = 0;
+    require(offsetof(hasten_host_api, option_string), (const void*)host_->option_string);
+    ok(host_->option_string(host_, text_.c_str(), key, nullptr, 0, &size, &found));
+    if (!found) return std::nullopt;
+    std::string out(size, '\0');
+    ok(host_->option_string(host_, text_.c_str(), key, out.data(), out.size(), &size, &found));
+    out.resize(size - 1);
+    return out;
+  }
+  std::optional<std::vector<std::string>> list(const char* key) const {
+    size_t size = 0;
+    uint32_t count = 0;
+    int32_t found = 0;
+    require(offsetof(hasten_host_api, option_list_item), (const void*)host_->option_list_item);
+    ok(host_->option_list_item(host_, text_.c_str(), key, 0, nullptr, 0, &size, &count, &found));
+    if (!found) return std::nullopt;
+    std::vector<std::string> items;
+    for (uint32_t i = 0; i < count; ++i) {
+      ok(host_->option_list_item(host_, text_.c_str(), key, i, nullptr, 0, &size, &count, &found));
+      std::string item(size, '\0');
+      ok(host_->option_list_item(host_, text_.c_str(), key, i, item.data(), item.size(), &size, &count, &found));
+      item.resize(size - 1);
+      items.push_back(std::move(item));
+    }
+    return items;
+  }
+
+ private:
+  // Throws the host's own message (it names the plugin or the key, the value and the type).
+  void ok(hasten_status status) const {
+    if (status != HASTEN_OK) throw Error(status, host_->last_error != nullptr ? host_->last_error(host_) : "option look-up failed");
+  }
+  // A 1.0 host has no look-ups: say so rather than call past the end of its table.
+  void require(size_t offset, const void* slot) const {
+    if (host_ == nullptr || host_->struct_size <= offset || slot == nullptr)
+      throw Error(HASTEN_ERR_UNSUPPORTED, "this hasten host has no option look-ups (ABI 1.1 needed)");
+  }
+  const hasten_host_api* host_;
+  std::string text_;
+};
 
 // Common base of every plugin instance: holds the host table (static, never owned).
 class PluginBase {
