@@ -87,76 +87,68 @@ hasten_status options_check(const hasten_host_api*, const char* plugin, const ch
   });
 }
 
-hasten_status option_bool(const hasten_host_api*, const char* options_json, const char* key, int32_t* value,
-                          int32_t* found) noexcept {
+// Parses the options, finds key and hands its value to read(value); an absent (or null) key
+// is HASTEN_OK with *found = 0. Every typed look-up below is one read.
+template <class Read>
+hasten_status with_option(const char* options_json, const char* key, int32_t* found, Read&& read) noexcept {
   return guarded([&]() -> hasten_status {
     json o;
     if (!parse(options_json, o)) return HASTEN_ERR_INVALID_ARGUMENT;
     const json* v = lookup(o, key, found);
-    if (v == nullptr) return HASTEN_OK;
-    if (!v->is_boolean()) return wrong(key, *v, "true or false");
-    *value = v->get<bool>() ? 1 : 0;
+    return v == nullptr ? HASTEN_OK : read(*v);
+  });
+}
+
+hasten_status option_bool(const hasten_host_api*, const char* options_json, const char* key, int32_t* value,
+                          int32_t* found) noexcept {
+  return with_option(options_json, key, found, [&](const json& v) -> hasten_status {
+    if (!v.is_boolean()) return wrong(key, v, "true or false");
+    *value = v.get<bool>() ? 1 : 0;
     return HASTEN_OK;
   });
 }
 
 hasten_status option_int(const hasten_host_api*, const char* options_json, const char* key, int64_t* value,
                          int32_t* found) noexcept {
-  return guarded([&]() -> hasten_status {
-    json o;
-    if (!parse(options_json, o)) return HASTEN_ERR_INVALID_ARGUMENT;
-    const json* v = lookup(o, key, found);
-    if (v == nullptr) return HASTEN_OK;
-    if (!v->is_number_integer()) return wrong(key, *v, "an integer");
-    *value = v->get<int64_t>();
+  return with_option(options_json, key, found, [&](const json& v) -> hasten_status {
+    if (!v.is_number_integer()) return wrong(key, v, "an integer");
+    *value = v.get<int64_t>();
     return HASTEN_OK;
   });
 }
 
 hasten_status option_float(const hasten_host_api*, const char* options_json, const char* key, double* value,
                            int32_t* found) noexcept {
-  return guarded([&]() -> hasten_status {
-    json o;
-    if (!parse(options_json, o)) return HASTEN_ERR_INVALID_ARGUMENT;
-    const json* v = lookup(o, key, found);
-    if (v == nullptr) return HASTEN_OK;
-    if (!v->is_number()) return wrong(key, *v, "a number");
-    *value = v->get<double>();
+  return with_option(options_json, key, found, [&](const json& v) -> hasten_status {
+    if (!v.is_number()) return wrong(key, v, "a number");
+    *value = v.get<double>();
     return HASTEN_OK;
   });
 }
 
 hasten_status option_string(const hasten_host_api*, const char* options_json, const char* key, char* buffer,
                             size_t capacity, size_t* size, int32_t* found) noexcept {
-  return guarded([&]() -> hasten_status {
-    json o;
-    if (!parse(options_json, o)) return HASTEN_ERR_INVALID_ARGUMENT;
-    const json* v = lookup(o, key, found);
-    if (v == nullptr) return HASTEN_OK;
-    if (!v->is_string()) return wrong(key, *v, "a string");
-    return copy_out(v->get<std::string>(), buffer, capacity, size);
+  return with_option(options_json, key, found, [&](const json& v) -> hasten_status {
+    if (!v.is_string()) return wrong(key, v, "a string");
+    return copy_out(v.get<std::string>(), buffer, capacity, size);
   });
 }
 
 hasten_status option_list_item(const hasten_host_api*, const char* options_json, const char* key, uint32_t index,
                                char* buffer, size_t capacity, size_t* size, uint32_t* count,
                                int32_t* found) noexcept {
-  return guarded([&]() -> hasten_status {
-    json o;
-    if (!parse(options_json, o)) return HASTEN_ERR_INVALID_ARGUMENT;
-    if (count != nullptr) *count = 0;
-    const json* v = lookup(o, key, found);
-    if (v == nullptr) return HASTEN_OK;
+  if (count != nullptr) *count = 0;
+  return with_option(options_json, key, found, [&](const json& v) -> hasten_status {
     std::vector<std::string> items;
-    if (v->is_string()) {
-      items.push_back(v->get<std::string>());
-    } else if (v->is_array()) {
-      for (auto& item : *v) {
-        if (!item.is_string()) return wrong(key, *v, "a list of strings");
+    if (v.is_string()) {
+      items.push_back(v.get<std::string>());
+    } else if (v.is_array()) {
+      for (auto& item : v) {
+        if (!item.is_string()) return wrong(key, v, "a list of strings");
         items.push_back(item.get<std::string>());
       }
     } else {
-      return wrong(key, *v, "a list of strings");
+      return wrong(key, v, "a list of strings");
     }
     if (count != nullptr) *count = static_cast<uint32_t>(items.size());
     if (index >= items.size())
