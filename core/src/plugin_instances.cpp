@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 
+#include "described_options.hpp"
 #include "host_api.hpp"
 
 namespace hasten::detail {
@@ -44,6 +45,9 @@ PluginInstance::PluginInstance(const PluginSelection& selection, const hasten_ho
   if (user.is_discarded() || !user.is_object())
     throw PluginError(label() + ": options are not a JSON object: " + user_options_json);
   options.merge_patch(user);
+  // A plugin that describes its options never sees a key or a value its description refuses.
+  if (const std::string why = described_options_error(plugin_->info, options); !why.empty())
+    throw PluginError(label() + ": " + why);
   const std::string text = options.dump();
   clear_plugin_error();
   hasten_status status = HASTEN_OK;

@@ -110,10 +110,25 @@ std::unique_ptr<Store> rendezvous(const ProcessInfo& p, int64_t timeout_ms) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     store->set(rdzv + "complete", {1});
+    // Rank 0 hosts the store: it returns only once every rank has read "complete", so that a
+    // rank 0 that fails right after rendezvous (a bad option, an exception in user code) and
+    // exits cannot take the store away from a rank still inside rendezvous.
+    while (store->add(rdzv + "left", 0) < p.world_size - 1) {
+      if (Clock::now() > deadline)
+        throw Error("rendezvous timed out after " + seconds(timeout_ms) + " s at " + where +
+                    ": the other ranks joined but did not all finish");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   } else {
+    const auto start = Clock::now();
     try {
       store->get(rdzv + "complete", timeout_ms);
-    } catch (const Error&) {
+      store->add(rdzv + "left", 1);
+    } catch (const std::exception&) {
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+      if (waited + 100 < timeout_ms)
+        throw Error("rendezvous: rank " + std::to_string(p.rank) + " lost rank 0's store at " + where + " after " +
+                    seconds(waited) + " s (rank 0 failed or exited)");
       throw Error("rendezvous timed out after " + seconds(timeout_ms) + " s at " + where + ": rank " +
                   std::to_string(p.rank) + " waited for the other ranks (rank 0 names the missing ones)");
     }

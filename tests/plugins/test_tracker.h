@@ -25,7 +25,8 @@ static hasten_status tt_log(hasten_instance* self, const hasten_scalar* v, uint3
 #define TT_DESCRIPTOR(var, plugin_name, vt)                                                  \
   static const hasten_plugin_descriptor var = {sizeof(hasten_plugin_descriptor),             \
                                                HASTEN_ABI_VERSION, HASTEN_KIND_TRACKER,      \
-                                               plugin_name, "0.1", "test plugin", NULL, NULL, 0, &vt}
+                                               plugin_name, "0.1", "test plugin", NULL, NULL, 0, &vt, \
+                                               NULL, 0, NULL, NULL}
 #define TT_ENTRY(...)                                                                        \
   static const hasten_plugin_descriptor* const tt_list[] = {__VA_ARGS__};                   \
   HASTEN_PLUGIN_EXPORT hasten_status hasten_plugin_entry_v1(                                 \

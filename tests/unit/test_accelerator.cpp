@@ -355,6 +355,36 @@ TEST(Plugins, ACreateThatFailsReportsItsOwnMessage) {
   }
 }
 
+TEST(Plugins, DescribedOptionsAreCheckedBeforeCreate) {
+  // The described tracker's create() fails if a key outside its description reaches it.
+  hasten::test::TempDir logs;
+  auto error_with = [&](const std::string& options) -> std::string {
+    Options o = isolated();
+    o.logging_dir = logs.path().string();
+    o.trackers = std::vector<std::string>{"described"};
+    o.set = {{"plugin_path", "[" + std::string(HASTEN_TEST_PLUGIN_DIR) + "/described]"},
+             {"tracker_options", "{described: " + options + "}"}};
+    Accelerator acc(o);
+    try {
+      acc.init_trackers("p");
+    } catch (const hasten::PluginError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error_with("{level: 2, mode: exact}"), "");
+  std::string m = error_with("{level: 2, unknwon: 1}");
+  EXPECT_NE(m.find("described options: unknown key 'unknwon' (allowed: level, mode)"), std::string::npos) << m;
+  m = error_with("{level: 9}");
+  EXPECT_NE(m.find("described options: level: 9 is out of range (allowed: 0 to 3)"), std::string::npos) << m;
+  m = error_with("{mode: exakt}");
+  EXPECT_NE(m.find("described options: mode: 'exakt' is not allowed (allowed: fast, exact); did you mean 'exact'?"),
+            std::string::npos)
+      << m;
+  m = error_with("{level: high}");
+  EXPECT_NE(m.find("described options: level: expected an integer, got \"high\""), std::string::npos) << m;
+}
+
 TEST(Plugins, ACreateThatThrowsDoesNotTakeTheHostDown) {
   hasten::test::TempDir logs;
   Options o = isolated();

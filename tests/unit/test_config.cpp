@@ -201,6 +201,34 @@ TEST(ConfigErrors, UnknownKeySuggestsTheNearMatch) {
   EXPECT_NE(e.find("did you mean 'fsdp_config.fsdp_sharding_strategy'"), std::string::npos) << e;
 }
 
+TEST(ConfigErrors, StrategyOptionsAreCheckedAgainstThePluginsDescription) {
+  hasten::test::TempDir dir;
+  Options o;
+  o.set = {{"strategy", "zero"}, {"strategy_options", "{stag: 2}"}};
+  std::string e = error_of(o, clean_env(dir.path()));
+  EXPECT_NE(e.find("zero options: unknown key 'stag'"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'stage'?"), std::string::npos) << e;
+  o.set = {{"distributed_type", "DEEPSPEED"}, {"deepspeed_config.zero_stage", "4"}};
+  e = error_of(o, clean_env(dir.path()));
+  EXPECT_NE(e.find("deepspeed_config.zero_stage: 4 is out of range (allowed: 0 to 3)"), std::string::npos) << e;
+  // The environment reaches a plugin's section too, and a misspelt variable is named.
+  Environment env = clean_env(dir.path());
+  env["HASTEN_DISTRIBUTED_TYPE"] = "FSDP";
+  env["HASTEN_FSDP_CONFIG__FSDP_SHARDING_STRATEGY"] = "shard_grad_op";
+  Config c = hasten::resolve_config({}, env);
+  EXPECT_EQ(c.strategy, "fsdp");
+  EXPECT_EQ(nlohmann::json::parse(c.strategy_options).at("sharding_strategy"), "SHARD_GRAD_OP");
+  env["HASTEN_FSDP_CONFIG__FSDP_SHARDING_STRATEGI"] = "FULL_SHARD";
+  e = error_of({}, env);
+  EXPECT_NE(e.find("did you mean 'HASTEN_FSDP_CONFIG__FSDP_SHARDING_STRATEGY'"), std::string::npos) << e;
+  // Section keys that only set a run setting stay out of the strategy's options.
+  o.set = {{"distributed_type", "DEEPSPEED"}, {"deepspeed_config.gradient_accumulation_steps", "4"},
+           {"deepspeed_config.deepspeed_hostfile", "hosts"}};
+  c = hasten::resolve_config(o, clean_env(dir.path()));
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+  EXPECT_EQ(nlohmann::json::parse(c.strategy_options), nlohmann::json::object());
+}
+
 TEST(ConfigErrors, WrongTypeBadEnumAndRange) {
   hasten::test::TempDir dir;
   Options o;

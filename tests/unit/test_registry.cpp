@@ -41,8 +41,12 @@ TEST(Registry, DiscoversTheFirstPartyPlugins) {
   EXPECT_TRUE(has(plugins, PluginKind::Tracker, "jsonl"));
   for (auto& p : plugins) {
     EXPECT_EQ(p.abi_major, 1u);
-    if (p.kind == PluginKind::Strategy || p.kind == PluginKind::Precision) EXPECT_EQ(p.tier, "torch");
-    if (p.kind == PluginKind::Tracker) EXPECT_EQ(p.tier, "c");
+    if (p.kind == PluginKind::Strategy || p.kind == PluginKind::Precision) {
+      EXPECT_EQ(p.tier, "torch");
+    }
+    if (p.kind == PluginKind::Tracker) {
+      EXPECT_EQ(p.tier, "c");
+    }
   }
   // No first-party library is refused.
   const std::string first_party_dir = PluginRegistry::instance().search_path().front();
@@ -116,6 +120,33 @@ TEST(RegistryRefuses, AMissingRequiredSlot) {
 TEST(RegistryRefuses, AnEntryPointThatFails) {
   EXPECT_NE(refusal_of("broken", "libhasten-tracker-entry_fails.so").find("entry failed on purpose: missing licence file"),
             std::string::npos);
+}
+
+TEST(RegistryRefuses, DescriptionsThatBreakTheRules) {
+  const std::string r = refusal_of("broken", "libhasten-tracker-bad_description.so");
+  EXPECT_NE(r.find("[tracker/with_section] config_section is for strategies only"), std::string::npos) << r;
+  EXPECT_NE(r.find("[tracker/empty_enum] option 'mode' is an enum without allowed values"), std::string::npos) << r;
+  EXPECT_NE(r.find("[tracker/bad_option_name] option 0 has an invalid name 'Bad-Name'"), std::string::npos) << r;
+}
+
+TEST(Registry, StrategiesDeclareTheirVocabulary) {
+  auto& reg = PluginRegistry::instance();
+  auto zero = reg.select(PluginKind::Strategy, "zero3");
+  EXPECT_EQ(zero.info->config_section, "deepspeed_config");
+  EXPECT_EQ(zero.info->distributed_types, std::vector<std::string>{"DEEPSPEED"});
+  ASSERT_TRUE(zero.info->options_described);
+  const auto stage = std::find_if(zero.info->options.begin(), zero.info->options.end(),
+                                  [](auto& o) { return o.name == "stage"; });
+  ASSERT_NE(stage, zero.info->options.end());
+  EXPECT_EQ(stage->section_key, "zero_stage");
+  EXPECT_EQ(stage->type, "int");
+  EXPECT_EQ(*stage->max, 3.0);
+  auto ddp = reg.select(PluginKind::Strategy, "ddp");
+  EXPECT_EQ(ddp.info->distributed_types, (std::vector<std::string>{"MULTI_CPU", "MULTI_GPU"}));
+  EXPECT_TRUE(ddp.info->config_section.empty());
+  auto single = reg.select(PluginKind::Strategy, "single");
+  EXPECT_TRUE(single.info->options_described);  // takes none: any key is refused
+  EXPECT_TRUE(single.info->options.empty());
 }
 
 TEST(RegistryRefuses, DuplicateNames) {

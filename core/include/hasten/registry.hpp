@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,19 @@ struct PluginPreset {
   std::string name;
   std::string description;
   std::string options_json;
+};
+
+// One option a plugin describes (ABI 1.2 hasten_option_spec).
+struct PluginOption {
+  std::string name;  // "" for a config-section key that sets no option
+  std::string type;  // bool, int, float, string, enum, list, any
+  std::vector<std::string> allowed;  // enum values
+  std::string default_json;          // "" when none
+  std::string help;
+  std::optional<double> min;
+  std::optional<double> max;
+  std::string section_key;  // strategies: the key in the plugin's config section, "" when none
+  std::string run_setting;  // strategies: the top-level key the section key also sets
 };
 
 // One plugin a library declared and the registry accepted.
@@ -46,6 +60,13 @@ struct PluginInfo {
   std::vector<int> serves_device_types;
   bool serves_any_machines = false;
   int serves_priority = 0;
+  // ABI 1.2: the options the plugin describes (options_described false: it checks them
+  // itself), and for strategies the config section it owns and the distributed_type values
+  // that select it.
+  bool options_described = false;
+  std::vector<PluginOption> options;
+  std::string config_section;
+  std::vector<std::string> distributed_types;
 };
 
 // A library or descriptor the registry refused, and why (one line).

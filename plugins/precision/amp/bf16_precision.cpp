@@ -22,7 +22,7 @@ class Bf16Precision final : public sdk::Precision {
 
 }  // namespace
 
-const hasten_plugin_descriptor kBf16Descriptor = sdk::precision_descriptor<Bf16Precision>(
-    "bf16", "1.0", "autocast to bfloat16, float32 weights and optimizer");
+const hasten_plugin_descriptor kBf16Descriptor = sdk::without_options(sdk::precision_descriptor<Bf16Precision>(
+    "bf16", "1.0", "autocast to bfloat16, float32 weights and optimizer"));
 
 }  // namespace hasten::precision

@@ -4,8 +4,6 @@
 // loss scaler runs (to exercise scaling and step skipping on machines without a GPU).
 #include <hasten/plugin.hpp>
 
-#include <nlohmann/json.hpp>
-
 #include "autocast.hpp"
 #include "descriptors.hpp"
 #include "grad_scaler.hpp"
@@ -13,42 +11,16 @@
 namespace hasten::precision {
 namespace {
 
-GradScalerOptions parse_options(std::string_view text, bool* cpu_scaler_only) {
-  auto j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    throw sdk::Error(HASTEN_ERR_INVALID_ARGUMENT, "fp16 options are not a JSON object");
+// Keys and types were checked by the host against kFp16Options (below).
+GradScalerOptions parse_options(const hasten_host_api* host, std::string_view text, bool* cpu_scaler_only) {
+  const sdk::Options in(host, text);
   GradScalerOptions o;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& k = it.key();
-    const auto& v = it.value();
-    auto number = [&]() {
-      if (!v.is_number())
-        throw sdk::Error(HASTEN_ERR_INVALID_ARGUMENT,
-                         "precision_options." + k + ": expected a number, got " + v.dump());
-      return v.get<double>();
-    };
-    auto boolean = [&]() {
-      if (!v.is_boolean())
-        throw sdk::Error(HASTEN_ERR_INVALID_ARGUMENT,
-                         "precision_options." + k + ": expected true or false, got " + v.dump());
-      return v.get<bool>();
-    };
-    if (k == "init_scale") o.init_scale = number();
-    else if (k == "growth_factor") o.growth_factor = number();
-    else if (k == "backoff_factor") o.backoff_factor = number();
-    else if (k == "growth_interval") {
-      if (!v.is_number_integer())
-        throw sdk::Error(HASTEN_ERR_INVALID_ARGUMENT,
-                         "precision_options.growth_interval: expected an integer, got " + v.dump());
-      o.growth_interval = v.get<int64_t>();
-    } else if (k == "enabled") o.enabled = boolean();
-    else if (k == "cpu_scaler_only") *cpu_scaler_only = boolean();
-    else
-      throw sdk::Error(HASTEN_ERR_INVALID_ARGUMENT,
-                       "precision_options: unknown key '" + k +
-                           "' for fp16 (allowed: init_scale, growth_factor, backoff_factor, "
-                           "growth_interval, enabled, cpu_scaler_only)");
-  }
+  o.init_scale = in.number("init_scale").value_or(o.init_scale);
+  o.growth_factor = in.number("growth_factor").value_or(o.growth_factor);
+  o.backoff_factor = in.number("backoff_factor").value_or(o.backoff_factor);
+  o.growth_interval = in.integer("growth_interval").value_or(o.growth_interval);
+  o.enabled = in.boolean("enabled").value_or(o.enabled);
+  *cpu_scaler_only = in.boolean("cpu_scaler_only").value_or(false);
   return o;
 }
 
@@ -56,7 +28,7 @@ class Fp16Precision final : public sdk::Precision {
  public:
   Fp16Precision(const hasten_host_api* host, std::string_view options)
       : Precision(host),
-        scaler_(parse_options(options, &cpu_scaler_only_),
+        scaler_(parse_options(host, options, &cpu_scaler_only_),
                 [host](bool found) { return any_rank(host, found); }) {}
 
   void check_device(const DLDevice& device) override {
@@ -96,7 +68,21 @@ class Fp16Precision final : public sdk::Precision {
 
 }  // namespace
 
-const hasten_plugin_descriptor kFp16Descriptor = sdk::precision_descriptor<Fp16Precision>(
-    "fp16", "1.0", "CUDA autocast to float16 with dynamic loss scaling");
+constexpr hasten_option_spec kFp16Options[] = {
+    sdk::OptionSpec("init_scale", HASTEN_OPTION_FLOAT, "The first loss scale").default_json("65536"),
+    sdk::OptionSpec("growth_factor", HASTEN_OPTION_FLOAT, "Scale multiplier after growth_interval finite steps")
+        .default_json("2"),
+    sdk::OptionSpec("backoff_factor", HASTEN_OPTION_FLOAT, "Scale multiplier after a step with inf/NaN gradients")
+        .default_json("0.5"),
+    sdk::OptionSpec("growth_interval", HASTEN_OPTION_INT, "Finite steps between scale growths").default_json("2000"),
+    sdk::OptionSpec("enabled", HASTEN_OPTION_BOOL, "false: no loss scaling").default_json("true"),
+    sdk::OptionSpec("cpu_scaler_only", HASTEN_OPTION_BOOL,
+                    "On the CPU: float32 forward, only the loss scaler runs (for tests without a GPU)")
+        .default_json("false"),
+};
+
+const hasten_plugin_descriptor kFp16Descriptor = sdk::with_options(
+    sdk::precision_descriptor<Fp16Precision>("fp16", "1.0", "CUDA autocast to float16 with dynamic loss scaling"),
+    kFp16Options);
 
 }  // namespace hasten::precision

@@ -17,6 +17,6 @@ class NoPrecision final : public sdk::Precision {
 }  // namespace
 
 const hasten_plugin_descriptor kNoDescriptor =
-    sdk::precision_descriptor<NoPrecision>("no", "1.0", "float32 everywhere");
+    sdk::without_options(sdk::precision_descriptor<NoPrecision>("no", "1.0", "float32 everywhere"));
 
 }  // namespace hasten::precision

@@ -12,7 +12,6 @@
 #include <hasten/plugin.hpp>
 #include <hasten/torch_compat.hpp>
 
-#include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -31,41 +30,25 @@ struct Options {
   bool broadcast_buffers = true;
 };
 
-Options parse_options(std::string_view text) {
-  auto j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) throw Error(HASTEN_ERR_INVALID_ARGUMENT, "ddp options are not a JSON object");
+// The host has checked every key and type against kDdpOptions (below); what is left here is
+// what involves meaning.
+Options parse_options(const hasten_host_api* host, std::string_view text) {
+  const hasten::sdk::Options in(host, text);
   Options o;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& k = it.key();
-    const auto& v = it.value();
-    auto number = [&] {
-      if (!v.is_number() || v.get<double>() <= 0)
-        throw Error(HASTEN_ERR_INVALID_ARGUMENT, "strategy_options." + k + ": expected a positive number, got " + v.dump());
-      return v.get<double>();
-    };
-    auto boolean = [&] {
-      if (!v.is_boolean())
-        throw Error(HASTEN_ERR_INVALID_ARGUMENT, "strategy_options." + k + ": expected true or false, got " + v.dump());
-      return v.get<bool>();
-    };
-    if (k == "bucket_cap_mb") o.bucket_cap_mb = number();
-    else if (k == "first_bucket_cap_mb") o.first_bucket_cap_mb = number();
-    else if (k == "find_unused_parameters") o.find_unused_parameters = boolean();
-    else if (k == "broadcast_buffers") o.broadcast_buffers = boolean();
-    // Accelerate's DistributedDataParallelKwargs that describe what hasten always does.
-    else if (k == "gradient_as_bucket_view" || k == "static_graph" || k == "check_reduction") boolean();
-    else if (k == "dim") {
-      if (!v.is_number_integer() || v.get<int>() != 0)
-        throw Error(HASTEN_ERR_UNSUPPORTED, "strategy_options.dim: only 0 is supported, got " + v.dump());
-    } else if (k == "comm_hook" || k == "comm_wrapper") {
-      if (!v.is_string() || v.get<std::string>() != "no")
-        throw Error(HASTEN_ERR_UNSUPPORTED, "strategy_options." + k + ": only \"no\" is supported, got " + v.dump());
-    } else
-      throw Error(HASTEN_ERR_INVALID_ARGUMENT,
-                  "strategy_options: unknown key '" + k + "' for ddp (allowed: bucket_cap_mb, first_bucket_cap_mb, "
-                  "find_unused_parameters, broadcast_buffers, gradient_as_bucket_view, static_graph, "
-                  "check_reduction, dim, comm_hook, comm_wrapper)");
-  }
+  auto positive = [&](const char* key, double& out) {
+    if (auto v = in.number(key)) {
+      if (*v <= 0)
+        throw Error(HASTEN_ERR_INVALID_ARGUMENT, std::string("ddp options: ") + key + ": expected a positive number, got " +
+                                                     std::to_string(*v));
+      out = *v;
+    }
+  };
+  positive("bucket_cap_mb", o.bucket_cap_mb);
+  positive("first_bucket_cap_mb", o.first_bucket_cap_mb);
+  o.find_unused_parameters = in.boolean("find_unused_parameters").value_or(o.find_unused_parameters);
+  o.broadcast_buffers = in.boolean("broadcast_buffers").value_or(o.broadcast_buffers);
+  if (auto dim = in.integer("dim"); dim && *dim != 0)
+    throw Error(HASTEN_ERR_UNSUPPORTED, "ddp options: dim: only 0 is supported, got " + std::to_string(*dim));
   return o;
 }
 
@@ -112,7 +95,7 @@ struct Model {
 class DdpStrategy final : public hasten::sdk::Strategy {
  public:
   DdpStrategy(const hasten_host_api* host, std::string_view options)
-      : Strategy(host), options_(parse_options(options)), world_(hasten::sdk::process_info(host).world_size) {}
+      : Strategy(host), options_(parse_options(host, options)), world_(hasten::sdk::process_info(host).world_size) {}
 
   ~DdpStrategy() override {
     for (auto& m : models_)
@@ -323,8 +306,30 @@ class DdpStrategy final : public hasten::sdk::Strategy {
   std::vector<std::unique_ptr<Model>> models_;
 };
 
-constexpr hasten_plugin_descriptor kDdp = hasten::sdk::strategy_descriptor<DdpStrategy>(
-    "ddp", "1.0", "data parallel: bucketed gradient allreduce overlapped with backward");
+using hasten::sdk::OptionSpec;
+
+// PyTorch DDP's options (Accelerate's DistributedDataParallelKwargs).
+constexpr hasten_option_spec kDdpOptions[] = {
+    OptionSpec("bucket_cap_mb", HASTEN_OPTION_FLOAT, "Gradient bucket size in MiB (> 0)").default_json("25"),
+    OptionSpec("first_bucket_cap_mb", HASTEN_OPTION_FLOAT, "Size of the first bucket in MiB (> 0)").default_json("1"),
+    OptionSpec("find_unused_parameters", HASTEN_OPTION_BOOL, "Parameters may get no gradient in a step")
+        .default_json("false"),
+    OptionSpec("broadcast_buffers", HASTEN_OPTION_BOOL, "Broadcast rank 0's buffers before each forward")
+        .default_json("true"),
+    OptionSpec("gradient_as_bucket_view", HASTEN_OPTION_BOOL, "Accepted; gradients always are views of the buckets"),
+    OptionSpec("static_graph", HASTEN_OPTION_BOOL, "Accepted; no effect"),
+    OptionSpec("check_reduction", HASTEN_OPTION_BOOL, "Accepted; no effect"),
+    OptionSpec("dim", HASTEN_OPTION_INT, "Batch dimension; only 0").default_json("0"),
+    OptionSpec("comm_hook", HASTEN_OPTION_ENUM, "Gradient compression hook; only no").allowed("no"),
+    OptionSpec("comm_wrapper", HASTEN_OPTION_ENUM, "Gradient compression wrapper; only no").allowed("no"),
+};
+
+constexpr hasten_plugin_descriptor kDdp = hasten::sdk::answering(
+    hasten::sdk::with_options(
+        hasten::sdk::strategy_descriptor<DdpStrategy>(
+            "ddp", "1.0", "data parallel: bucketed gradient allreduce overlapped with backward"),
+        kDdpOptions),
+    "MULTI_CPU,MULTI_GPU");
 
 }  // namespace
 

@@ -10,7 +10,7 @@ using hasten::sharded::ShardedStrategy;
 class ZeroStrategy final : public hasten::sdk::Strategy {
  public:
   ZeroStrategy(const hasten_host_api* host, std::string_view options)
-      : Strategy(host), impl_(host, hasten::sharded::parse_zero_options(options)) {}
+      : Strategy(host), impl_(host, hasten::sharded::parse_zero_options(host, options)) {}
 #define HASTEN_FORWARD_STRATEGY                                                                                \
   void prepare_model(torch::nn::Module& m, const hasten_model_info& i) override { impl_.prepare_model(m, i); } \
   void prepare_optimizer(torch::optim::Optimizer& o) override { impl_.prepare_optimizer(o); }                  \
@@ -36,7 +36,7 @@ class FsdpStrategy final : public hasten::sdk::Strategy {
  public:
   FsdpStrategy(const hasten_host_api* host, std::string_view options)
       : Strategy(host),
-        impl_(host, hasten::sharded::parse_fsdp_options(options, hasten::sdk::process_info(host).num_nodes)) {}
+        impl_(host, hasten::sharded::parse_fsdp_options(host, options, hasten::sdk::process_info(host).num_nodes)) {}
   HASTEN_FORWARD_STRATEGY
 
  private:
@@ -54,11 +54,88 @@ constexpr hasten_preset kZeroPresets[] = {
                              R"({"stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu"})"),
 };
 
-constexpr hasten_plugin_descriptor kZero = hasten::sdk::strategy_descriptor<ZeroStrategy>(
-    "zero", "1.0", "ZeRO stages 0-3 with CPU offload (DeepSpeed's options)", kZeroPresets,
-    sizeof(kZeroPresets) / sizeof(kZeroPresets[0]));
-constexpr hasten_plugin_descriptor kFsdp = hasten::sdk::strategy_descriptor<FsdpStrategy>(
-    "fsdp", "1.0", "fully sharded data parallel (FSDP's options)");
+using hasten::sdk::OptionSpec;
+using hasten::sdk::section_only_key;
+
+// DeepSpeed's vocabulary: options under their DeepSpeed names, and the keys of Accelerate's
+// deepspeed_config section that set them.
+constexpr hasten_option_spec kZeroOptions[] = {
+    OptionSpec("stage", HASTEN_OPTION_INT, "0 (plain data parallel) to 3").range(0, 3).default_json("2")
+        .section_key("zero_stage"),
+    OptionSpec("offload_optimizer_device", HASTEN_OPTION_ENUM, "Where optimizer state and step live (nvme is refused)")
+        .allowed("none,cpu,nvme").default_json("\"none\"").section_key("offload_optimizer_device"),
+    OptionSpec("offload_param_device", HASTEN_OPTION_ENUM, "Where parameters live between uses, stage 3 (nvme is refused)")
+        .allowed("none,cpu,nvme").default_json("\"none\"").section_key("offload_param_device"),
+    OptionSpec("gradient_clipping", HASTEN_OPTION_FLOAT, "Global gradient-norm clip (0: none)").min(0)
+        .default_json("0").section_key("gradient_clipping"),
+    OptionSpec("deepspeed_config_file", HASTEN_OPTION_STRING, "A DeepSpeed JSON file (refused: not read yet)")
+        .section_key("deepspeed_config_file"),
+    OptionSpec("zero3_init_flag", HASTEN_OPTION_BOOL, "Accepted; hasten builds the full model and shards it at prepare")
+        .section_key("zero3_init_flag"),
+    OptionSpec("zero3_save_16bit_model", HASTEN_OPTION_BOOL, "Accepted; hasten always gathers full weights on save")
+        .section_key("zero3_save_16bit_model"),
+    section_only_key("gradient_accumulation_steps", HASTEN_OPTION_INT,
+                     "Must agree with gradient_accumulation_steps when both are set")
+        .min(1).run_setting("gradient_accumulation_steps"),
+    section_only_key("offload_optimizer_nvme_path", HASTEN_OPTION_STRING, "Accepted; no effect (nvme offload is refused)"),
+    section_only_key("offload_param_nvme_path", HASTEN_OPTION_STRING, "Accepted; no effect (nvme offload is refused)"),
+    section_only_key("deepspeed_moe_layer_cls_names", HASTEN_OPTION_STRING, "Accepted for compatibility; no effect"),
+    section_only_key("deepspeed_multinode_launcher", HASTEN_OPTION_STRING, "Accepted for compatibility; no effect"),
+    section_only_key("deepspeed_hostfile", HASTEN_OPTION_STRING, "Accepted for compatibility; no effect"),
+    section_only_key("deepspeed_exclusion_filter", HASTEN_OPTION_STRING, "Accepted for compatibility; no effect"),
+    section_only_key("deepspeed_inclusion_filter", HASTEN_OPTION_STRING, "Accepted for compatibility; no effect"),
+};
+
+// FSDP's vocabulary: options under FSDP's names, set by Accelerate's fsdp_config keys (the
+// same names with an "fsdp_" prefix).
+constexpr hasten_option_spec kFsdpOptions[] = {
+    OptionSpec("sharding_strategy", HASTEN_OPTION_ENUM, "What is sharded")
+        .allowed("FULL_SHARD,SHARD_GRAD_OP,NO_SHARD,HYBRID_SHARD,HYBRID_SHARD_ZERO2").default_json("\"FULL_SHARD\"")
+        .section_key("fsdp_sharding_strategy"),
+    OptionSpec("reshard_after_forward", HASTEN_OPTION_ANY, "true/false, or a sharding strategy name (FSDP1 files)")
+        .section_key("fsdp_reshard_after_forward"),
+    OptionSpec("offload_params", HASTEN_OPTION_BOOL, "Parameters and optimizer step on the CPU").default_json("false")
+        .section_key("fsdp_offload_params"),
+    OptionSpec("cpu_offload", HASTEN_OPTION_BOOL, "Same as offload_params (FSDP's CPUOffload)"),
+    OptionSpec("backward_prefetch", HASTEN_OPTION_ENUM, "Gather the next unit during backward (NO_PREFETCH: off)")
+        .allowed("BACKWARD_PRE,BACKWARD_POST,NO_PREFETCH").default_json("\"BACKWARD_PRE\"")
+        .section_key("fsdp_backward_prefetch"),
+    OptionSpec("forward_prefetch", HASTEN_OPTION_BOOL, "Accepted; no effect").section_key("fsdp_forward_prefetch"),
+    OptionSpec("auto_wrap_policy", HASTEN_OPTION_ENUM, "Accepted; units are the modules the model declares (hasten::Unit)")
+        .allowed("TRANSFORMER_BASED_WRAP,SIZE_BASED_WRAP,NO_WRAP").section_key("fsdp_auto_wrap_policy"),
+    OptionSpec("transformer_layer_cls_to_wrap", HASTEN_OPTION_STRING,
+               "Accepted; units are the modules the model declares (hasten::Unit)")
+        .section_key("fsdp_transformer_layer_cls_to_wrap"),
+    OptionSpec("min_num_params", HASTEN_OPTION_INT, "Accepted; units are the modules the model declares (hasten::Unit)")
+        .min(0).section_key("fsdp_min_num_params"),
+    OptionSpec("state_dict_type", HASTEN_OPTION_ENUM, "Accepted; state dicts hold full weights")
+        .allowed("FULL_STATE_DICT,LOCAL_STATE_DICT,SHARDED_STATE_DICT").section_key("fsdp_state_dict_type"),
+    OptionSpec("use_orig_params", HASTEN_OPTION_BOOL, "Accepted; hasten always keeps original parameters")
+        .section_key("fsdp_use_orig_params"),
+    OptionSpec("cpu_ram_efficient_loading", HASTEN_OPTION_BOOL, "Accepted; no effect")
+        .section_key("fsdp_cpu_ram_efficient_loading"),
+    OptionSpec("sync_module_states", HASTEN_OPTION_BOOL, "Accepted; prepare always broadcasts rank 0's weights")
+        .section_key("fsdp_sync_module_states"),
+    OptionSpec("activation_checkpointing", HASTEN_OPTION_BOOL, "Refused when true (not supported)")
+        .section_key("fsdp_activation_checkpointing"),
+    OptionSpec("ignored_modules", HASTEN_OPTION_STRING, "Refused (not supported: units are declared by type)")
+        .section_key("fsdp_ignored_modules"),
+    OptionSpec("version", HASTEN_OPTION_INT, "1 or 2 (both map to hasten's fsdp)").range(1, 2).section_key("fsdp_version"),
+};
+
+using hasten::sdk::answering;
+using hasten::sdk::with_options;
+
+constexpr hasten_plugin_descriptor kZero = answering(
+    with_options(hasten::sdk::strategy_descriptor<ZeroStrategy>(
+                     "zero", "1.0", "ZeRO stages 0-3 with CPU offload (DeepSpeed's options)", kZeroPresets,
+                     sizeof(kZeroPresets) / sizeof(kZeroPresets[0])),
+                 kZeroOptions),
+    "DEEPSPEED", "deepspeed_config");
+constexpr hasten_plugin_descriptor kFsdp = answering(
+    with_options(hasten::sdk::strategy_descriptor<FsdpStrategy>("fsdp", "1.0", "fully sharded data parallel (FSDP's options)"),
+                 kFsdpOptions),
+    "FSDP", "fsdp_config");
 
 }  // namespace
 

@@ -41,8 +41,8 @@ struct Options {
   std::string label = "zero";      // the plugin's name, for messages
 };
 
-Options parse_zero_options(std::string_view json);
-Options parse_fsdp_options(std::string_view json, int num_nodes);
+Options parse_zero_options(const hasten_host_api* host, std::string_view json);
+Options parse_fsdp_options(const hasten_host_api* host, std::string_view json, int num_nodes);
 
 class ShardedStrategy final : public sdk::Strategy {
  public:

@@ -6,9 +6,7 @@ namespace {
 
 class SingleStrategy final : public hasten::sdk::Strategy {
  public:
-  SingleStrategy(const hasten_host_api* host, std::string_view options) : Strategy(host) {
-    hasten::sdk::require_no_options(options, "strategy 'single'");
-  }
+  SingleStrategy(const hasten_host_api* host, std::string_view) : Strategy(host) {}  // takes no options
   void prepare_model(torch::nn::Module& model, const hasten_model_info& info) override {
     const torch::Device device = info.device.device_type == kDLCUDA
                                      ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(info.device.device_id))
@@ -17,8 +15,10 @@ class SingleStrategy final : public hasten::sdk::Strategy {
   }
 };
 
-constexpr hasten_plugin_descriptor kSingle = hasten::sdk::strategy_descriptor<SingleStrategy>(
-    "single", "1.0", "One process on one device: no gradient communication");
+constexpr hasten_plugin_descriptor kSingle = hasten::sdk::answering(
+    hasten::sdk::without_options(hasten::sdk::strategy_descriptor<SingleStrategy>(
+        "single", "1.0", "One process on one device: no gradient communication")),
+    "NO");
 
 }  // namespace
 

@@ -257,7 +257,7 @@ static const hasten_tracker_vtable csv_vtable = {
 static const hasten_plugin_descriptor csv_descriptor = {
     sizeof(hasten_plugin_descriptor), HASTEN_ABI_VERSION, HASTEN_KIND_TRACKER, "csv", "1.0",
     "metrics.csv (step, then metrics alphabetically) and hparams.json",
-    NULL, NULL, 0, &csv_vtable};
+    NULL, NULL, 0, &csv_vtable, NULL, 0, NULL, NULL};
 
 static const hasten_plugin_descriptor* const csv_plugins[] = {&csv_descriptor};
 

@@ -1,5 +1,5 @@
 /*
- * hasten plugin ABI, version 1.1.
+ * hasten plugin ABI, version 1.2.
  *
  * The one contract between the hasten core (the "host") and its plugins: strategies,
  * precision, trackers and communication backends. C99, no LibTorch, no C++.
@@ -28,6 +28,10 @@
  *            HASTEN_STRUCT_HEADER on hasten_scalar (the host hands 1.0 trackers the 1.0
  *            layout {name, value}); host option look-ups (options_check, option_bool,
  *            option_int, option_float, option_string, option_list_item).
+ *     1.2    hasten_option_spec and hasten_plugin_descriptor.options, n_options (a plugin
+ *            describes its options; the host checks them before create and prints them);
+ *            hasten_plugin_descriptor.config_section and distributed_types (a strategy
+ *            answers to Accelerate's distributed_type values and owns a config section).
  *
  * - Tensors in asynchronous calls: a DLTensor struct passed to any call (and its shape and
  *   strides arrays) is borrowed for the duration of the call only; a callee that needs them
@@ -66,7 +70,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------ */
 
 #define HASTEN_ABI_MAJOR 1
-#define HASTEN_ABI_MINOR 1
+#define HASTEN_ABI_MINOR 2
 /* Packed as (major << 16) | minor in every abi_version field. */
 #define HASTEN_ABI_VERSION ((uint32_t)((HASTEN_ABI_MAJOR << 16) | HASTEN_ABI_MINOR))
 #define HASTEN_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -271,6 +275,53 @@ typedef struct hasten_preset {
   const char* options_json; /* a JSON object merged under the user's options          */
 } hasten_preset;
 
+/* Since 1.2. The type of one option (hasten_option_spec.type). */
+typedef enum hasten_option_type {
+  HASTEN_OPTION_BOOL = 1,   /* true or false                                            */
+  HASTEN_OPTION_INT = 2,    /* an integer                                               */
+  HASTEN_OPTION_FLOAT = 3,  /* a number (integers are numbers too)                      */
+  HASTEN_OPTION_STRING = 4, /* a string                                                 */
+  HASTEN_OPTION_ENUM = 5,   /* a string among `allowed`                                 */
+  HASTEN_OPTION_LIST = 6,   /* a list of strings (a single string counts as a list of one) */
+  HASTEN_OPTION_ANY = 7     /* any JSON value; the plugin checks it                     */
+} hasten_option_type;
+
+/* Since 1.2. Flags of hasten_option_spec. */
+enum {
+  HASTEN_OPTION_HAS_MIN = 1, /* INT, FLOAT: the value must be >= min */
+  HASTEN_OPTION_HAS_MAX = 2  /* INT, FLOAT: the value must be <= max */
+};
+
+/*
+ * Since 1.2. One option a plugin accepts, so that the host can check options before create()
+ * (an unknown key, a value of the wrong type, a name not allowed or a number out of range is
+ * an error naming the plugin, the key and what is allowed) and print them (`hasten plugins
+ * describe NAME`). Checks that involve several options stay in the plugin. All strings static.
+ *
+ * Strategies only: a spec with a section_key is also a key of the plugin's config section
+ * (hasten_plugin_descriptor.config_section), under Accelerate's name: the host reads
+ * `<config_section>.<section_key>` from the config, checks it against this spec and hands it
+ * to the strategy as option `name`. A section key with name NULL is accepted and sets no
+ * option (a key of Accelerate's that has no effect in hasten; help says so).
+ */
+typedef struct hasten_option_spec {
+  HASTEN_STRUCT_HEADER;
+  const char* name;         /* key in options_json; NULL only for a section key (see above) */
+  int32_t type;             /* hasten_option_type                                           */
+  const char* allowed;      /* ENUM: the values, comma-separated; NULL for other types      */
+  const char* default_json; /* the value the plugin uses when the key is absent, as JSON
+                             * text ("3", "\"cpu\"", "true"); NULL: none, or it depends    */
+  const char* help;         /* one line                                                     */
+  int32_t flags;            /* HASTEN_OPTION_HAS_MIN | HASTEN_OPTION_HAS_MAX                */
+  double min;
+  double max;
+  const char* section_key;  /* strategies: the key in config_section, NULL: none           */
+  /* Strategies: a run setting (a top-level config key) the section key also sets; the host
+   * accepts only "gradient_accumulation_steps" (DeepSpeed's copy of it) and refuses a value
+   * that disagrees with the one set at the top level. NULL: none. */
+  const char* run_setting;
+} hasten_option_spec;
+
 /* One plugin. Static and immutable; everything it points to is static too. */
 typedef struct hasten_plugin_descriptor {
   HASTEN_STRUCT_HEADER;          /* abi_version: the ABI the plugin was built against    */
@@ -287,6 +338,21 @@ typedef struct hasten_plugin_descriptor {
   /* The kind's vtable: hasten_{strategy,precision,tracker,comm}_vtable. Begins with
    * HASTEN_STRUCT_HEADER. */
   const void* vtable;
+  /* ---- Since 1.2 ---- */
+  /* The options the plugin accepts; NULL with n_options 0: not described (the plugin checks
+   * its options itself and `hasten plugins describe` says nothing about them). When
+   * described, the host refuses any key not listed before calling create(). */
+  const hasten_option_spec* options;
+  uint32_t n_options;
+  /* Strategies: the config section the plugin owns (Accelerate's "fsdp_config",
+   * "deepspeed_config"; [a-z0-9_]+, not a key hasten has, unique across strategies); its
+   * keys are the options' section_key values. NULL: none. */
+  const char* config_section;
+  /* Strategies: the config key distributed_type values that select this strategy when the
+   * key `strategy` is not set, comma-separated ("MULTI_CPU,MULTI_GPU"; each [A-Z0-9_]+ and
+   * claimed by one strategy only). The strategy that answers to MULTI_CPU is also the one a
+   * run started as several processes uses when distributed_type is not set. NULL: none. */
+  const char* distributed_types;
 } hasten_plugin_descriptor;
 
 /* The entry symbol's type. host: static (see hasten_host_api). host_abi: the host's

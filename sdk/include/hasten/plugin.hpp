@@ -148,6 +148,10 @@ inline void require_no_options(std::string_view options_json, const std::string&
 //   if (auto mb = o.number("buffer_mb")) ...
 class Options {
  public:
+  // For a plugin whose descriptor describes its options (ABI 1.2): the host has already
+  // refused unknown keys and values of the wrong type, so only the look-ups remain.
+  Options(const hasten_host_api* host, std::string_view options_json)
+      : host_(host), text_(options_json.empty() ? std::string("{}") : std::string(options_json)) {}
   Options(const hasten_host_api* host, std::string_view options_json, const std::string& plugin,
           std::initializer_list<const char*> allowed)
       : host_(host), text_(options_json.empty() ? std::string("{}") : std::string(options_json)) {
@@ -284,7 +288,78 @@ constexpr hasten_plugin_descriptor make_descriptor(hasten_plugin_kind kind, cons
                                   torch_fingerprint,
                                   presets,
                                   n_presets,
-                                  vtable};
+                                  vtable,
+                                  nullptr,
+                                  0,
+                                  nullptr,
+                                  nullptr};
+}
+
+// One described option (ABI 1.2 hasten_option_spec), built in a constant expression:
+//   constexpr hasten_option_spec kOptions[] = {
+//       sdk::OptionSpec("stage", HASTEN_OPTION_INT, "ZeRO stage").range(0, 3).default_json("0")
+//           .section_key("zero_stage"),
+//   };
+class OptionSpec {
+ public:
+  constexpr OptionSpec(const char* name, hasten_option_type type, const char* help)
+      : s_{HASTEN_STRUCT_INIT(hasten_option_spec), name, type, nullptr, nullptr, help, 0, 0.0, 0.0, nullptr, nullptr} {}
+  // ENUM: the allowed values, comma-separated.
+  constexpr OptionSpec allowed(const char* values) const { return with([&](hasten_option_spec& s) { s.allowed = values; }); }
+  // The value used when the key is absent, as JSON text.
+  constexpr OptionSpec default_json(const char* json) const { return with([&](hasten_option_spec& s) { s.default_json = json; }); }
+  constexpr OptionSpec min(double v) const {
+    return with([&](hasten_option_spec& s) { s.min = v, s.flags |= HASTEN_OPTION_HAS_MIN; });
+  }
+  constexpr OptionSpec max(double v) const {
+    return with([&](hasten_option_spec& s) { s.max = v, s.flags |= HASTEN_OPTION_HAS_MAX; });
+  }
+  constexpr OptionSpec range(double lo, double hi) const { return min(lo).max(hi); }
+  // Strategies: the key of the plugin's config section (Accelerate's name) that sets it.
+  constexpr OptionSpec section_key(const char* key) const { return with([&](hasten_option_spec& s) { s.section_key = key; }); }
+  // Strategies: the run setting the section key also sets ("gradient_accumulation_steps").
+  constexpr OptionSpec run_setting(const char* key) const { return with([&](hasten_option_spec& s) { s.run_setting = key; }); }
+  constexpr operator hasten_option_spec() const { return s_; }  // NOLINT: meant to convert
+
+ private:
+  template <class Fn>
+  constexpr OptionSpec with(Fn&& fn) const {
+    OptionSpec copy = *this;
+    fn(copy.s_);
+    return copy;
+  }
+  hasten_option_spec s_;
+};
+
+// Strategies: a key of the config section that sets no option (Accelerate's, no effect here).
+constexpr OptionSpec section_only_key(const char* key, hasten_option_type type, const char* help) {
+  return OptionSpec(nullptr, type, help).section_key(key);
+}
+
+// Describes a descriptor's options: the host checks them before create() and `hasten
+// plugins describe` prints them.
+template <size_t N>
+constexpr hasten_plugin_descriptor with_options(hasten_plugin_descriptor d, const hasten_option_spec (&specs)[N]) {
+  d.options = specs;
+  d.n_options = static_cast<uint32_t>(N);
+  return d;
+}
+
+// Describes a plugin that takes no options: the host refuses any key before create().
+inline constexpr hasten_option_spec kNoOptionsSentinel[1] = {OptionSpec("none", HASTEN_OPTION_ANY, "")};
+constexpr hasten_plugin_descriptor without_options(hasten_plugin_descriptor d) {
+  d.options = kNoOptionsSentinel;
+  d.n_options = 0;
+  return d;
+}
+
+// Strategies: the distributed_type values that select it ("MULTI_CPU,MULTI_GPU") and the
+// config section it owns ("fsdp_config", or nullptr).
+constexpr hasten_plugin_descriptor answering(hasten_plugin_descriptor d, const char* distributed_types,
+                                             const char* config_section = nullptr) {
+  d.distributed_types = distributed_types;
+  d.config_section = config_section;
+  return d;
 }
 
 constexpr hasten_preset make_preset(const char* name, const char* description,

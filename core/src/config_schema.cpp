@@ -1,0 +1,334 @@
+// The configuration's key schema and the conversion of one value against its key.
+#include "config_schema.hpp"
+
+#include <hasten/error.hpp>
+
+#include <yaml-cpp/yaml.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "text_util.hpp"
+
+namespace hasten::detail {
+
+using json = nlohmann::json;
+
+const Schema& core_schema() {
+  using T = KeyType;
+  static const Schema keys = {
+      // ---- Accelerate's keys --------------------------------------------------------------
+      {"compute_environment", T::Enum, "LOCAL_MACHINE", {"LOCAL_MACHINE"}, {}, {},
+       "Where the run executes; only LOCAL_MACHINE (Accelerate's AMAZON_SAGEMAKER is not supported)"},
+      {"distributed_type", T::Enum, "NO", {}, {}, {},
+       "Selects the strategy when `strategy` is not set: the one that answers to it (NO -> single, "
+       "MULTI_CPU/MULTI_GPU -> ddp, FSDP -> fsdp, DEEPSPEED -> zero; `hasten plugins describe`)"},
+      {"mixed_precision", T::Enum, "no", {"no", "fp16", "bf16"}, {}, {},
+       "Selects the precision plugin when `precision` is not set"},
+      {"use_cpu", T::Bool, false, {}, {}, {}, "Train on the CPU even where a GPU is present"},
+      {"debug", T::Bool, false, {}, {}, {},
+       "Check that every rank enters the same collective with the same shapes (env HASTEN_DEBUG)"},
+      {"num_processes", T::Int, 1, {}, 1.0, {}, "Total processes across all machines"},
+      {"num_machines", T::Int, 1, {}, 1.0, {}, "Machines in the run"},
+      {"machine_rank", T::Int, 0, {}, 0.0, {}, "This machine's index, 0..num_machines-1"},
+      {"main_process_ip", T::String, "127.0.0.1", {}, {}, {}, "Address of the machine of rank 0"},
+      {"main_process_port", T::Int, 29500, {}, 0.0, 65535.0,
+       "Rendezvous port on the main machine (0: pick a free one, one machine only)"},
+      {"rdzv_backend", T::Enum, "static", {"static"}, {}, {}, "Rendezvous kind; hasten uses static rendezvous"},
+      {"same_network", T::Bool, true, {}, {}, {}, "Accepted for Accelerate compatibility", true},
+      {"gpu_ids", T::String, "all", {}, {}, {}, "GPUs this machine uses: all, or a comma list such as 0,1"},
+      {"gradient_accumulation_steps", T::Int, 1, {}, 1.0, {},
+       "Micro-batches per optimizer step (inside accumulate())"},
+      {"main_training_function", T::String, json(), {}, {}, {}, "Accepted for Accelerate compatibility", true},
+      {"downcast_bf16", T::String, json(), {}, {}, {}, "Accepted for Accelerate compatibility (TPU)", true},
+      {"enable_cpu_affinity", T::Bool, false, {}, {}, {}, "Accepted for Accelerate compatibility", true},
+      {"tpu_name", T::String, json(), {}, {}, {}, "Accepted for Accelerate compatibility (TPU)", true},
+      {"tpu_zone", T::String, json(), {}, {}, {}, "Accepted for Accelerate compatibility (TPU)", true},
+      {"tpu_use_cluster", T::Bool, json(), {}, {}, {}, "Accepted for Accelerate compatibility (TPU)", true},
+      {"tpu_use_sudo", T::Bool, json(), {}, {}, {}, "Accepted for Accelerate compatibility (TPU)", true},
+      {"tpu_vm", T::Any, json(), {}, {}, {}, "Accepted for Accelerate compatibility (TPU)", true},
+      {"tpu_env", T::Any, json(), {}, {}, {}, "Accepted for Accelerate compatibility (TPU)", true},
+      {"command_file", T::String, json(), {}, {}, {}, "Accepted for Accelerate compatibility (TPU)", true},
+      {"commands", T::Any, json(), {}, {}, {}, "Accepted for Accelerate compatibility (TPU)", true},
+      {"dynamo_config", T::Map, json(), {}, {}, {}, "Accepted for Accelerate compatibility (torch.compile has no C++ counterpart)", true},
+      {"fp8_config", T::Map, json(), {}, {}, {}, "Accepted for Accelerate compatibility (fp8 is not supported)", true},
+      {"mpirun_config", T::Map, json(), {}, {}, {}, "Accepted for Accelerate compatibility (hasten launch starts CPU workers itself)", true},
+      {"parallelism_config", T::Map, json(), {}, {}, {}, "Accepted for Accelerate compatibility", true},
+      {"megatron_lm_config", T::Map, json(), {}, {}, {}, "Accepted for Accelerate compatibility", true},
+
+      // ---- hasten's keys --------------------------------------------------------------------
+      {"strategy", T::String, json(), {}, {}, {},
+       "Strategy plugin: a name (single, ddp, fsdp, zero), a preset, or a path to a plugin library"},
+      {"strategy_options", T::Map, json::object(), {}, {}, {}, "Options handed to the strategy plugin"},
+      {"precision", T::String, json(), {}, {}, {},
+       "Precision plugin: a name (no, bf16, fp16) or a path; defaults to mixed_precision"},
+      {"precision_options", T::Map, json::object(), {}, {}, {},
+       "Options of the precision plugin (fp16: init_scale, growth_factor, backoff_factor, growth_interval)"},
+      {"trackers", T::StringList, json::array(), {}, {}, {},
+       "Tracker plugins that init_trackers starts (names or paths), e.g. [csv, jsonl]"},
+      {"tracker_options", T::Map, json::object(), {}, {}, {}, "Per-tracker options keyed by tracker name"},
+      {"comm", T::Any, "auto", {}, {}, {},
+       "Comm backend per device type: a name or path for CPU tensors, or a mapping {cpu: X, cuda: Y}; "
+       "auto picks the serving plugin of highest priority that fits the run"},
+      {"comm_options", T::Map, json::object(), {}, {}, {}, "Options of the comm plugin"},
+      {"plugin_path", T::StringList, json::array(), {}, {}, {}, "Extra plugin directories, searched last"},
+      {"project_dir", T::String, ".", {}, {}, {}, "Base directory of the run's outputs"},
+      {"logging_dir", T::String, "", {}, {}, {}, "Tracker output directory (default <project_dir>/hasten_logs)"},
+      {"timeout_s", T::Float, 1800.0, {}, 0.001, {}, "Deadline of rendezvous and of every collective wait"},
+      {"log_level", T::Enum, "info", {"trace", "debug", "info", "warn", "error", "off"}, {}, {}, "hasten's log level"},
+      {"step_scheduler_with_optimizer", T::Bool, true, {}, {}, {},
+       "Prepared schedulers step once per real optimizer step (false: on every call)"},
+      {"split_batches", T::Bool, false, {}, {}, {},
+       "The loader's batch size is the global batch, split across processes"},
+      {"even_batches", T::Bool, true, {}, {}, {},
+       "Pad the last round so every process gets the same number of full batches"},
+      {"num_cpu_threads_per_process", T::Int, 0, {}, 0.0, {}, "Intra-op threads per worker (0: cores / local workers)"},
+      {"tee", T::Bool, false, {}, {}, {}, "hasten launch also writes each rank's output to log_dir"},
+      {"log_dir", T::String, "", {}, {}, {}, "Where hasten launch writes per-rank logs"},
+  };
+  return keys;
+}
+
+const KeySpec* find_spec(const Schema& schema, const std::string& path) {
+  for (auto& k : schema)
+    if (k.path == path) return &k;
+  return nullptr;
+}
+
+std::vector<std::string> child_keys(const Schema& schema, const std::string& parent) {
+  std::vector<std::string> out;
+  for (auto& k : schema) {
+    const auto dot = k.path.rfind('.');
+    const std::string p = dot == std::string::npos ? "" : k.path.substr(0, dot);
+    if (p == parent) out.push_back(k.path);
+  }
+  return out;
+}
+
+std::string env_name(const std::string& path) {
+  std::string out = "HASTEN_";
+  for (size_t i = 0; i < path.size(); ++i) {
+    const char c = path[i];
+    if (c == '.')
+      out += "__";
+    else
+      out += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  }
+  return out;
+}
+
+namespace {
+
+std::string type_name(KeyType t) {
+  switch (t) {
+    case KeyType::Bool: return "a boolean (true or false)";
+    case KeyType::Int: return "an integer";
+    case KeyType::Float: return "a number";
+    case KeyType::String: return "a string";
+    case KeyType::Enum: return "one of a set of names";
+    case KeyType::StringList: return "a list of strings";
+    case KeyType::Map: return "a mapping";
+    case KeyType::Section: return "a mapping";
+    case KeyType::Any: return "any value";
+  }
+  return "a value";
+}
+
+}  // namespace
+
+std::string short_type(KeyType t) {
+  switch (t) {
+    case KeyType::Bool: return "bool";
+    case KeyType::Int: return "int";
+    case KeyType::Float: return "float";
+    case KeyType::String: return "string";
+    case KeyType::Enum: return "enum";
+    case KeyType::StringList: return "list";
+    case KeyType::Map: return "map";
+    case KeyType::Section: return "section";
+    case KeyType::Any: return "any";
+  }
+  return "?";
+}
+
+std::string show(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  return v.dump();
+}
+
+// Scalars of YAML become typed JSON; quoted scalars stay strings.
+json yaml_to_json(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined: return nullptr;
+    case YAML::NodeType::Sequence: {
+      json arr = json::array();
+      for (const auto& item : node) arr.push_back(yaml_to_json(item));
+      return arr;
+    }
+    case YAML::NodeType::Map: {
+      json obj = json::object();
+      for (const auto& kv : node) obj[kv.first.Scalar()] = yaml_to_json(kv.second);
+      return obj;
+    }
+    case YAML::NodeType::Scalar: break;
+  }
+  const std::string s = node.Scalar();
+  if (node.Tag() == "!") return s;  // quoted: a string, whatever it looks like
+  const std::string l = to_lower(s);
+  if (l == "true") return true;
+  if (l == "false") return false;
+  if (l == "~" || l == "null") return nullptr;
+  char* end = nullptr;
+  errno = 0;
+  const long long i = std::strtoll(s.c_str(), &end, 10);
+  if (!s.empty() && end && *end == '\0' && errno == 0) return i;
+  const double d = std::strtod(s.c_str(), &end);
+  if (!s.empty() && end && *end == '\0') return d;
+  return s;
+}
+
+[[noreturn]] void config_fail(const std::string& where, const std::string& what) {
+  throw ConfigError("config error: " + where + ": " + what);
+}
+
+namespace {
+
+std::optional<bool> parse_bool(const std::string& s) {
+  const std::string l = to_lower(trim(s));
+  if (l == "true" || l == "yes" || l == "on" || l == "1") return true;
+  if (l == "false" || l == "no" || l == "off" || l == "0") return false;
+  return std::nullopt;
+}
+
+}  // namespace
+
+// Converts and checks a value against its key's spec. `v` may be typed or a string (from
+// the environment or YAML).
+json convert(const KeySpec& spec, const json& v, const std::string& where) {
+  const std::string& key = spec.path;
+  auto wrong = [&]() -> json {
+    config_fail(where, key + ": expected " + type_name(spec.type) + ", got '" + show(v) + "'");
+  };
+  auto range = [&](double x) {
+    if ((spec.min && x < *spec.min) || (spec.max && x > *spec.max)) {
+      std::string allowed;
+      auto num = [](double d) {
+        std::ostringstream o;
+        o << d;
+        return o.str();
+      };
+      if (spec.min && spec.max)
+        allowed = num(*spec.min) + " to " + num(*spec.max);
+      else if (spec.min)
+        allowed = ">= " + num(*spec.min);
+      else
+        allowed = "<= " + num(*spec.max);
+      config_fail(where, key + ": " + show(v) + " is out of range (allowed: " + allowed + ")");
+    }
+  };
+  switch (spec.type) {
+    case KeyType::Bool: {
+      if (v.is_boolean()) return v;
+      if (v.is_string()) {
+        if (auto b = parse_bool(v.get<std::string>())) return *b;
+      }
+      if (v.is_number_integer() && (v.get<long long>() == 0 || v.get<long long>() == 1))
+        return v.get<long long>() == 1;
+      return wrong();
+    }
+    case KeyType::Int: {
+      long long i = 0;
+      if (v.is_number_integer()) {
+        i = v.get<long long>();
+      } else if (v.is_string()) {
+        const std::string s = trim(v.get<std::string>());
+        char* end = nullptr;
+        errno = 0;
+        i = std::strtoll(s.c_str(), &end, 10);
+        if (s.empty() || *end != '\0' || errno != 0) return wrong();
+      } else {
+        return wrong();
+      }
+      range(static_cast<double>(i));
+      return i;
+    }
+    case KeyType::Float: {
+      double d = 0;
+      if (v.is_number()) {
+        d = v.get<double>();
+      } else if (v.is_string()) {
+        const std::string s = trim(v.get<std::string>());
+        char* end = nullptr;
+        d = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0') return wrong();
+      } else {
+        return wrong();
+      }
+      if (!std::isfinite(d)) return wrong();
+      range(d);
+      return d;
+    }
+    case KeyType::String: {
+      if (v.is_string()) return v;
+      if (v.is_number() || v.is_boolean()) return v.dump();
+      return wrong();
+    }
+    case KeyType::Enum: {
+      // distributed_type before the strategies are known: checked again once they are.
+      if (spec.choices.empty() && v.is_string()) return trim(v.get<std::string>());
+      if (!v.is_string()) {
+        config_fail(where, key + ": '" + show(v) + "' is not allowed (allowed: " +
+                        join(spec.choices, ", ") + ")");
+      }
+      const std::string s = trim(v.get<std::string>());
+      for (auto& c : spec.choices)
+        if (to_lower(c) == to_lower(s)) return c;
+      std::string msg = key + ": '" + s + "' is not allowed (allowed: " +
+                        join(spec.choices, ", ") + ")";
+      const std::string near = nearest(s, spec.choices);
+      if (!near.empty()) msg += "; did you mean '" + near + "'?";
+      config_fail(where, msg);
+    }
+    case KeyType::StringList: {
+      json out = json::array();
+      if (v.is_string()) {
+        std::stringstream ss(v.get<std::string>());
+        std::string item;
+        while (std::getline(ss, item, ',')) {
+          item = trim(item);
+          if (!item.empty()) out.push_back(item);
+        }
+        return out;
+      }
+      if (!v.is_array()) return wrong();
+      for (auto& item : v) {
+        if (!item.is_string())
+          config_fail(where, key + ": expected a list of strings, got item '" + show(item) + "'");
+        out.push_back(item);
+      }
+      return out;
+    }
+    case KeyType::Map: {
+      if (v.is_object()) return v;
+      if (v.is_string()) {  // from the environment: JSON or YAML text
+        json parsed;
+        try {
+          parsed = yaml_to_json(YAML::Load(v.get<std::string>()));
+        } catch (const std::exception&) {
+          return wrong();
+        }
+        if (parsed.is_object()) return parsed;
+      }
+      return wrong();
+    }
+    case KeyType::Section:
+    case KeyType::Any: return v;
+  }
+  return v;
+}
+
+}  // namespace hasten::detail
