@@ -1,8 +1,10 @@
-// `hasten plugins` and `hasten plugins inspect FILE`.
+// `hasten plugins`, `hasten plugins inspect FILE` and `hasten plugins describe NAME`.
+#include <hasten/error.hpp>
 #include <hasten/registry.hpp>
 
 #include <iomanip>
 #include <iostream>
+#include <sstream>
 
 #include "commands.hpp"
 
@@ -34,12 +36,83 @@ void print_table(const std::vector<PluginInfo>& plugins) {
   }
 }
 
+std::string allowed_text(const PluginOption& o) {
+  auto num = [](double d) {
+    std::ostringstream s;
+    s << d;
+    return s.str();
+  };
+  if (o.type == "enum") {
+    std::string all;
+    for (auto& a : o.allowed) all += (all.empty() ? "" : ", ") + a;
+    return all;
+  }
+  if (o.min && o.max) return num(*o.min) + " to " + num(*o.max);
+  if (o.min) return ">= " + num(*o.min);
+  if (o.max) return "<= " + num(*o.max);
+  return "";
+}
+
+std::string options_key(PluginKind kind) {
+  switch (kind) {
+    case PluginKind::Strategy: return "strategy_options";
+    case PluginKind::Precision: return "precision_options";
+    case PluginKind::Tracker: return "tracker_options.<name>";
+    case PluginKind::Comm: return "comm_options";
+  }
+  return "options";
+}
+
+// What a plugin declares: its selection names, its vocabulary and its options. With
+// markdown, only the options table, as docs/config.md carries it.
+void describe(const PluginInfo& p, bool markdown) {
+  const std::string section = p.config_section.empty() ? "" : p.config_section + ".";
+  if (!markdown) {
+    std::cout << to_string(p.kind) << " " << p.name << " " << p.version << " (ABI " << p.abi_major << "." << p.abi_minor
+              << ", " << p.tier << " tier): " << p.description << "\n  file: " << p.file << "\n";
+    if (!p.distributed_types.empty()) {
+      std::string all;
+      for (auto& t : p.distributed_types) all += (all.empty() ? "" : ", ") + t;
+      std::cout << "  selected by distributed_type: " << all << "\n";
+    }
+    if (!p.config_section.empty()) std::cout << "  config section: " << p.config_section << "\n";
+    if (p.kind == PluginKind::Comm && p.serves_declared) {
+      std::string devices;
+      for (int d : p.serves_device_types)
+        devices += (devices.empty() ? "" : ", ") + std::string(d == 1 ? "cpu" : d == 2 ? "cuda" : std::to_string(d));
+      std::cout << "  serves: " << devices << (p.serves_any_machines ? "; ranks on any machines" : "; ranks on one machine")
+                << "; priority " << p.serves_priority << "\n";
+    }
+    for (auto& preset : p.presets)
+      std::cout << "  preset " << preset.name << ": " << preset.description << " " << preset.options_json << "\n";
+    if (!p.options_described) {
+      std::cout << "  options: not described (the plugin checks " << options_key(p.kind) << " itself)\n";
+      return;
+    }
+    if (p.options.empty()) {
+      std::cout << "  options: none (" << options_key(p.kind) << " must be empty)\n";
+      return;
+    }
+    std::cout << "  options (" << options_key(p.kind) << "):\n";
+  }
+  if (p.options.empty()) return;
+  std::cout << "| option | " << (section.empty() ? "" : "config key | ") << "type | default | allowed | meaning |\n"
+            << "| --- | " << (section.empty() ? "" : "--- | ") << "--- | --- | --- | --- |\n";
+  for (auto& o : p.options) {
+    std::cout << "| " << (o.name.empty() ? "(none)" : "`" + o.name + "`") << " | ";
+    if (!section.empty()) std::cout << (o.section_key.empty() ? "" : "`" + section + o.section_key + "`") << " | ";
+    std::cout << o.type << " | " << (o.default_json.empty() ? "" : "`" + o.default_json + "`") << " | "
+              << allowed_text(o) << " | " << o.help
+              << (o.run_setting.empty() ? "" : " (also sets " + o.run_setting + ")") << " |\n";
+  }
+}
+
 }  // namespace
 
 void add_plugins_command(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("plugins", "List discovered plugins (kind, name, version, ABI, tier, file)");
   cmd->callback([&action] {
-    if (action) return;  // `inspect` already chose the action
+    if (action) return;  // `inspect` or `describe` already chose the action
     action = []() -> int {
       auto& registry = PluginRegistry::instance();
       print_table(registry.plugins());
@@ -47,6 +120,35 @@ void add_plugins_command(CLI::App& app, Action& action) {
       if (!refusals.empty()) std::cout << "refused:\n";
       for (auto& r : refusals)
         std::cout << "  " << r.file << (r.plugin.empty() ? "" : " [" + r.plugin + "]") << ": " << r.reason << "\n";
+      return 0;
+    };
+  });
+  auto* desc = cmd->add_subcommand("describe", "What a plugin declares: selection names, config section, options");
+  auto name = std::make_shared<std::string>();
+  auto markdown = std::make_shared<bool>(false);
+  desc->add_option("NAME", *name, "Plugin or preset name, or a path to a plugin library")->required();
+  desc->add_flag("--markdown", *markdown, "Print only the options table, as docs/config.md carries it");
+  desc->callback([&action, name, markdown] {
+    action = [name, markdown]() -> int {
+      auto& registry = PluginRegistry::instance();
+      std::vector<PluginInfo> found;
+      for (auto kind : {PluginKind::Strategy, PluginKind::Precision, PluginKind::Tracker, PluginKind::Comm}) {
+        try {
+          found.push_back(*registry.select(kind, *name).info);
+        } catch (const Error&) {  // not of this kind
+        }
+      }
+      if (found.empty()) {
+        std::vector<std::string> names;
+        for (auto& p : registry.plugins()) names.push_back(p.name);
+        std::string all;
+        for (auto& n : names) all += (all.empty() ? "" : ", ") + n;
+        const std::string near = registry.nearest_name(*name);
+        std::cerr << "hasten: error: no plugin or preset named '" << *name << "' (installed: " << all << ")"
+                  << (near.empty() ? "" : "; did you mean '" + near + "'?") << std::endl;
+        return 1;
+      }
+      for (auto& p : found) describe(p, *markdown);
       return 0;
     };
   });

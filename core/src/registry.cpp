@@ -622,6 +622,17 @@ PluginSelection PluginRegistry::select(PluginKind kind, const std::string& name_
   throw PluginError(message);
 }
 
+std::string PluginRegistry::nearest_name(const std::string& name) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->discover_locked();
+  std::vector<std::string> names;
+  for (auto& p : impl_->plugins) {
+    names.push_back(p->info.name);
+    for (auto& pr : p->info.presets) names.push_back(pr.name);
+  }
+  return detail::nearest(name, names);
+}
+
 InspectResult PluginRegistry::inspect(const std::string& path) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   InspectResult result;

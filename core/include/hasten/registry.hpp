@@ -117,6 +117,10 @@ class PluginRegistry {
   // naming what is available, or why the file was refused.
   PluginSelection select(PluginKind kind, const std::string& name_or_path);
 
+  // The discovered plugin or preset name of any kind closest to `name` (a plausible typo),
+  // or "".
+  std::string nearest_name(const std::string& name);
+
   // Loads one file on its own, without registering it, and reports what it holds.
   InspectResult inspect(const std::string& path);
 
