@@ -1,5 +1,8 @@
 // An out-of-tree strategy in C++ (torch tier): one process, and it counts the optimizer steps
-// it sees, writing the count to the file named by its option "count_file" when destroyed.
+// it sees, writing the count to the file named by its option "count_file" when destroyed. It
+// owns a vocabulary the core has never heard of: the config section `oot_config` and the
+// distributed_type value OOT_COUNTING, so that a config file selects and sets it like
+// Accelerate's own strategies.
 #include <hasten/plugin.hpp>
 
 #include <fstream>
@@ -9,12 +12,10 @@ namespace {
 class CountingStrategy final : public hasten::sdk::Strategy {
  public:
   CountingStrategy(const hasten_host_api* host, std::string_view options) : Strategy(host) {
-    const std::string o(options);
-    const std::string key = "\"count_file\":\"";
-    const auto at = o.find(key);
-    if (at == std::string::npos)
-      throw hasten::sdk::Error(HASTEN_ERR_INVALID_ARGUMENT, "oot_cpp needs strategy_options.count_file");
-    path_ = o.substr(at + key.size(), o.find('"', at + key.size()) - at - key.size());
+    const hasten::sdk::Options o(host, options);  // keys and types checked by the host
+    auto path = o.text("count_file");
+    if (!path) throw hasten::sdk::Error(HASTEN_ERR_INVALID_ARGUMENT, "oot_cpp needs the option count_file");
+    path_ = *path;
   }
   ~CountingStrategy() override { std::ofstream(path_) << steps_ << "\n"; }
   void prepare_model(torch::nn::Module& model, const hasten_model_info&) override {
@@ -28,8 +29,15 @@ class CountingStrategy final : public hasten::sdk::Strategy {
   int steps_ = 0;
 };
 
-constexpr hasten_plugin_descriptor kCounting = hasten::sdk::strategy_descriptor<CountingStrategy>(
-    "oot_cpp", "0.1", "out-of-tree strategy in C++");
+constexpr hasten_option_spec kOptions[] = {
+    hasten::sdk::OptionSpec("count_file", HASTEN_OPTION_STRING, "Where the step count is written at the end")
+        .section_key("count_file"),
+};
+
+constexpr hasten_plugin_descriptor kCounting = hasten::sdk::answering(
+    hasten::sdk::with_options(
+        hasten::sdk::strategy_descriptor<CountingStrategy>("oot_cpp", "0.1", "out-of-tree strategy in C++"), kOptions),
+    "OOT_COUNTING", "oot_config");
 
 }  // namespace
 
