@@ -73,6 +73,19 @@ class StrategyInstance : public PluginInstance {
     call("state_dict", [&] { return vt().strategy.state_dict(instance_, h(model), kind, emit, &out); });
     return out;
   }
+  bool has_load_state_dict() const { return vt().strategy.load_state_dict != nullptr; }
+  void load_state_dict(torch::nn::Module& model, const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+    std::vector<const char*> names;
+    std::vector<hasten_tensor*> values;
+    for (auto& [name, value] : tensors) {
+      names.push_back(name.c_str());
+      values.push_back(reinterpret_cast<hasten_tensor*>(const_cast<torch::Tensor*>(&value)));
+    }
+    call("load_state_dict", [&] {
+      return vt().strategy.load_state_dict(instance_, h(model), names.data(), values.data(),
+                                           static_cast<uint32_t>(names.size()));
+    });
+  }
   bool has_clip_grad_norm() const { return vt().strategy.clip_grad_norm != nullptr; }
   double clip_grad_norm(torch::nn::Module& model, double max_norm, double norm_type) {
     double total = 0;

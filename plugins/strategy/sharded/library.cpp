@@ -25,7 +25,8 @@ class ZeroStrategy final : public hasten::sdk::Strategy {
     impl_.unit_post_forward(m, u, o, n);                                                                        \
   }                                                                                                             \
   void memory_report(hasten_memory_report& r) override { impl_.memory_report(r); }                            \
-  void state_dict(torch::nn::Module& m, int32_t k, const Emit& e) override { impl_.state_dict(m, k, e); }
+  void state_dict(torch::nn::Module& m, int32_t k, const Emit& e) override { impl_.state_dict(m, k, e); }      \
+  void load_state_dict(torch::nn::Module& m, const NamedTensorRefs& t) override { impl_.load_state_dict(m, t); }
   HASTEN_FORWARD_STRATEGY
 
  private:

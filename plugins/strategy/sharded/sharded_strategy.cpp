@@ -641,4 +641,45 @@ void ShardedStrategy::state_dict(torch::nn::Module& module, int32_t kind, const 
   }
 }
 
+void ShardedStrategy::load_state_dict(torch::nn::Module& module, const NamedTensorRefs& tensors) {
+  Model& m = find(module);
+  std::map<std::string, const at::Tensor*> by_name;
+  for (auto& [name, value] : tensors) by_name[name] = value;
+  auto take = [&](const std::string& name, at::IntArrayRef shape) -> at::Tensor {
+    auto it = by_name.find(name);
+    if (it == by_name.end())
+      throw Error(HASTEN_ERR_INVALID_ARGUMENT, options_.label + ": the state dict has no '" + name + "'");
+    if (it->second->sizes() != shape)
+      throw Error(HASTEN_ERR_INVALID_ARGUMENT, options_.label + ": '" + name + "' has shape " +
+                                                   c10::str(it->second->sizes()) + ", the model's is " + c10::str(shape));
+    const at::Tensor t = *it->second;
+    by_name.erase(it);
+    return t;
+  };
+  torch::NoGradGuard no_grad;
+  // Sharded parameters: this rank's slice into the master shard (whatever the number of
+  // ranks that saved the full tensors), the full tensor into the flat buffer while it lives.
+  for (auto& u : m.units) {
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      const at::Tensor full = take(u.names[i], u.shapes[i]).reshape(-1);
+      const int64_t begin = u.offsets[i], end = begin + full.numel();
+      if (u.params_live) u.flat.narrow(0, begin, full.numel()).copy_(full);
+      if (options_.stage >= 1) {
+        const int64_t lo = std::max<int64_t>(begin, rank_ * u.shard), hi = std::min<int64_t>(end, (rank_ + 1) * u.shard);
+        if (lo < hi) u.master.narrow(0, lo - rank_ * u.shard, hi - lo).copy_(full.narrow(0, lo - begin, hi - lo));
+      }
+    }
+  }
+  std::set<const void*> sharded;
+  for (auto& u : m.units)
+    for (auto& p : u.params) sharded.insert(p.unsafeGetTensorImpl());
+  for (auto& named : module.named_parameters())
+    if (!sharded.count(named.value().unsafeGetTensorImpl()))
+      named.value().copy_(take(named.key(), named.value().sizes()));
+  for (auto& named : module.named_buffers()) named.value().copy_(take(named.key(), named.value().sizes()));
+  if (!by_name.empty())
+    throw Error(HASTEN_ERR_INVALID_ARGUMENT,
+                options_.label + ": the state dict has '" + by_name.begin()->first + "', which the model does not");
+}
+
 }  // namespace hasten::sharded

@@ -62,6 +62,7 @@ class ShardedStrategy final : public sdk::Strategy {
                          uint32_t n_outputs) override;
   void memory_report(hasten_memory_report& out) override;
   void state_dict(torch::nn::Module& model, int32_t kind, const Emit& emit) override;
+  void load_state_dict(torch::nn::Module& model, const NamedTensorRefs& tensors) override;
 
  private:
   struct Hook {

@@ -1,5 +1,5 @@
 /*
- * hasten plugin ABI, version 1.2.
+ * hasten plugin ABI, version 1.3.
  *
  * The one contract between the hasten core (the "host") and its plugins: strategies,
  * precision, trackers and communication backends. C99, no LibTorch, no C++.
@@ -32,6 +32,8 @@
  *            describes its options; the host checks them before create and prints them);
  *            hasten_plugin_descriptor.config_section and distributed_types (a strategy
  *            answers to Accelerate's distributed_type values and owns a config section).
+ *     1.3    strategy slot load_state_dict (checkpoints load full tensors into whatever
+ *            the strategy shards).
  *
  * - Tensors in asynchronous calls: a DLTensor struct passed to any call (and its shape and
  *   strides arrays) is borrowed for the duration of the call only; a callee that needs them
@@ -70,7 +72,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------ */
 
 #define HASTEN_ABI_MAJOR 1
-#define HASTEN_ABI_MINOR 2
+#define HASTEN_ABI_MINOR 3
 /* Packed as (major << 16) | minor in every abi_version field. */
 #define HASTEN_ABI_VERSION ((uint32_t)((HASTEN_ABI_MAJOR << 16) | HASTEN_ABI_MINOR))
 #define HASTEN_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -442,6 +444,15 @@ typedef struct hasten_strategy_vtable {
   hasten_status (*state_dict)(hasten_instance* self, hasten_module* model, int32_t kind,
                               void (*emit)(void* ctx, const char* name, hasten_tensor* value),
                               void* ctx);
+  /* ---- Since 1.3 ---- */
+  /* Optional: loads full tensors (the layout of state_dict kind 0: parameters and buffers by
+   * name, every rank passing the same n values; names and values borrowed for the call) into
+   * the model, re-slicing what the strategy shards, whatever the number of ranks that saved
+   * them. A name the model lacks, or a shape that differs, is HASTEN_ERR_INVALID_ARGUMENT.
+   * Collective. NULL: the host copies them into the model's own parameters and buffers. */
+  hasten_status (*load_state_dict)(hasten_instance* self, hasten_module* model,
+                                   const char* const* names, hasten_tensor* const* values,
+                                   uint32_t n);
 } hasten_strategy_vtable;
 
 /* ------------------------------------------------------------------------------------------ */

@@ -640,6 +640,11 @@ class Strategy : public PluginBase {
   virtual void state_dict(torch::nn::Module& model, int32_t kind, const Emit& emit) {
     (void)model, (void)kind, (void)emit;
   }
+  // Full tensors by name (every rank the same), to load into what the strategy holds.
+  using NamedTensorRefs = std::vector<std::pair<std::string, const at::Tensor*>>;
+  virtual void load_state_dict(torch::nn::Module& model, const NamedTensorRefs& tensors) {
+    (void)model, (void)tensors;
+  }
 };
 
 // Bytes of the state tensors of LibTorch's optimizers (SGD, Adam, AdamW, RMSprop, Adagrad).
@@ -742,6 +747,15 @@ constexpr hasten_strategy_vtable make_strategy_vtable() {
         s.state_dict(module(m), kind, [&](const std::string& name, at::Tensor& value) {
           emit(ctx, name.c_str(), handle(value));
         });
+      });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Strategy, load_state_dict))
+    vt.load_state_dict = [](hasten_instance* i, hasten_module* m, const char* const* names,
+                            hasten_tensor* const* values, uint32_t n) noexcept {
+      return detail::call<Strategy>(i, [&](Strategy& s) {
+        Strategy::NamedTensorRefs tensors;
+        for (uint32_t k = 0; k < n; ++k) tensors.emplace_back(names[k], &tensor(values[k]));
+        s.load_state_dict(module(m), tensors);
       });
     };
   return vt;

@@ -1,0 +1,56 @@
+// The files of a checkpoint, written so that no failure loses the previous one: every rank
+// writes into a temporary directory and flushes each file to disk (recording its size and
+// CRC-32C), rank 0 then merges the ranks' file lists into manifest.json, flushes it and renames
+// the directory into place. A checkpoint is complete exactly when its manifest says so and
+// every file it lists has its size and checksum. No LibTorch here.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace hasten::detail {
+
+struct FileRecord {
+  std::string name;  // relative to the checkpoint directory
+  uint64_t size = 0;
+  uint32_t crc32c = 0;
+};
+
+// Writes a file durably (written, fsync'ed) through `produce`, which calls the sink with the
+// file's bytes in order. Throws Error naming the path (disk full, permission).
+using ByteSink = std::function<void(const void* data, size_t size)>;
+FileRecord write_file(const std::filesystem::path& dir, const std::string& name,
+                      const std::function<void(const ByteSink&)>& produce);
+FileRecord write_file(const std::filesystem::path& dir, const std::string& name, const std::string& bytes);
+
+// Reads a whole file; throws Error naming it.
+std::string read_file(const std::filesystem::path& path);
+
+// Each rank's list of the files it wrote, left in the temporary directory for rank 0.
+void write_rank_files(const std::filesystem::path& tmp, int rank, const std::vector<FileRecord>& files);
+
+// Rank 0, after every rank has written its files: merges the ranks' lists and `meta` into
+// manifest.json (complete: true), flushes it and renames tmp to final (which must not exist).
+void finalize_checkpoint(const std::filesystem::path& tmp, const std::filesystem::path& final_dir, int world_size,
+                         nlohmann::json meta);
+
+// "" when dir holds a complete checkpoint whose files all have the manifest's sizes (and,
+// with checksums, CRC-32C); else one line naming the file and what is wrong.
+std::string verify_checkpoint(const std::filesystem::path& dir, bool checksums);
+
+// The manifest of a checkpoint (throws Error when it is missing or malformed).
+nlohmann::json read_manifest(const std::filesystem::path& dir);
+
+// checkpoint_N directories under `checkpoints` (complete or not), by N ascending.
+std::vector<std::pair<int, std::filesystem::path>> numbered_checkpoints(const std::filesystem::path& checkpoints);
+
+// Removes the oldest complete checkpoints so that `keep` remain (and leftover temporary
+// directories of saves that died). Never throws; returns what it could not remove.
+std::vector<std::string> prune_checkpoints(const std::filesystem::path& checkpoints, int keep);
+
+}  // namespace hasten::detail
