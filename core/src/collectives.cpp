@@ -2,9 +2,9 @@
 // reduce_scatter, barrier, the trigger flag) over the run's communicator, and debug mode's
 // check that every rank is in the same collective.
 #define HASTEN_PLUGIN_TORCH_TIER 1  // sdk::dl_view, sdk::dl_device
-#include <hasten/accelerator.hpp>
 #include <hasten/error.hpp>
 #include <hasten/plugin.hpp>
+#include <hasten/work.hpp>
 
 #include <algorithm>
 #include <cstring>
