@@ -13,16 +13,25 @@
 //   acc.end_training();
 //
 // Prepared objects share the Accelerator's state and stay valid after it goes out of scope.
+// They, the scopes and Work have headers of their own (prepared_*.hpp, scopes.hpp, work.hpp);
+// this one includes them all, so a training program needs only this header.
 #pragma once
 
 #include <hasten/config.hpp>
 #include <hasten/data.hpp>
 #include <hasten/detail/engine.hpp>
+#include <hasten/detail/prepare_traits.hpp>
 #include <hasten/error.hpp>
 #include <hasten/logging.hpp>
+#include <hasten/prepared_data_loader.hpp>
+#include <hasten/prepared_model.hpp>
+#include <hasten/prepared_optimizer.hpp>
+#include <hasten/prepared_scheduler.hpp>
 #include <hasten/process.hpp>
 #include <hasten/safetensors.hpp>
+#include <hasten/scopes.hpp>
 #include <hasten/unit.hpp>
+#include <hasten/work.hpp>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -43,295 +52,9 @@
 
 namespace hasten {
 
-class Accelerator;
-
 using HparamValue = std::variant<bool, int64_t, double, std::string>;
 using Hparams = std::vector<std::pair<std::string, HparamValue>>;
 using Metrics = std::vector<std::pair<std::string, double>>;
-
-namespace detail {
-
-// Outputs of a mixed-precision forward come back as float32, as Accelerate does.
-inline torch::Tensor to_float_output(const torch::Tensor& t) {
-  if (t.defined() && (t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf))
-    return t.to(torch::kFloat);
-  return t;
-}
-template <class T>
-T to_float_outputs(T&& value) {
-  using D = std::decay_t<T>;
-  if constexpr (std::is_same_v<D, torch::Tensor>) {
-    return to_float_output(value);
-  } else if constexpr (std::is_same_v<D, std::vector<torch::Tensor>>) {
-    for (auto& t : value) t = to_float_output(t);
-    return std::forward<T>(value);
-  } else {
-    return std::forward<T>(value);
-  }
-}
-
-// The autocast region of one forward call.
-class AutocastGuard {
- public:
-  explicit AutocastGuard(Engine& engine) : engine_(&engine), token_(engine.autocast_enter()) {}
-  ~AutocastGuard() { engine_->autocast_exit(token_); }
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
-
- private:
-  Engine* engine_;
-  void* token_;
-};
-
-template <class T>
-struct is_shared_ptr : std::false_type {};
-template <class T>
-struct is_shared_ptr<std::shared_ptr<T>> : std::true_type {};
-
-template <class T>
-struct is_data_loader : std::false_type {};
-template <class D>
-struct is_data_loader<DataLoader<D>> : std::true_type {};
-
-template <class T>
-struct pointee {
-  using type = T;
-};
-template <class T>
-struct pointee<std::shared_ptr<T>> {
-  using type = T;
-};
-
-template <class T>
-using bare_t = typename pointee<std::decay_t<T>>::type;
-
-template <class T>
-constexpr bool is_model_v =
-    torch::detail::is_module_holder<std::decay_t<T>>::value ||
-    (is_shared_ptr<std::decay_t<T>>::value && std::is_base_of_v<torch::nn::Module, bare_t<T>>);
-template <class T>
-constexpr bool is_optimizer_v = std::is_base_of_v<torch::optim::Optimizer, bare_t<T>>;
-template <class T>
-constexpr bool is_scheduler_v = std::is_base_of_v<torch::optim::LRScheduler, bare_t<T>>;
-template <class T>
-constexpr bool is_loader_v = is_data_loader<std::decay_t<T>>::value;
-
-template <class M>
-std::shared_ptr<torch::nn::Module> module_ptr(const M& model) {
-  if constexpr (torch::detail::is_module_holder<M>::value)
-    return model.ptr();
-  else
-    return model;
-}
-
-}  // namespace detail
-
-// An asynchronous collective: wait() blocks until it completes and throws hasten::Error if
-// it failed (a dead or hung peer, a timeout).
-class Work {
- public:
-  Work() = default;
-  explicit Work(std::shared_ptr<detail::PendingWork> pending) : pending_(std::move(pending)) {}
-  void wait();
-  bool is_completed();
-
- private:
-  std::shared_ptr<detail::PendingWork> pending_;
-};
-
-// A model after prepare: call it like the module (autocast and the strategy's hooks wrap
-// the forward); `->` reaches the module's members.
-template <class M>
-class PreparedModel {
- public:
-  using module_type = M;
-  PreparedModel(M module, std::shared_ptr<detail::Engine> engine, size_t index)
-      : module_(std::move(module)), engine_(std::move(engine)), index_(index) {}
-
-  template <class... Args>
-  decltype(auto) operator()(Args&&... args) {
-    return forward(std::forward<Args>(args)...);
-  }
-  template <class... Args>
-  auto forward(Args&&... args) {
-    detail::AutocastGuard guard(*engine_);
-    if (!engine_->unit_events()) return detail::to_float_outputs(module_->forward(std::forward<Args>(args)...));
-    // A sharding strategy: unit 0 (the model's own parameters) around the whole forward.
-    engine_->model_forward_enter(index_);
-    try {
-      auto out = module_->forward(std::forward<Args>(args)...);
-      std::vector<torch::Tensor> outputs;
-      detail::outputs_of(out, outputs);
-      engine_->model_forward_exit(index_, outputs);
-      return detail::to_float_outputs(std::move(out));
-    } catch (const hasten::Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      engine_->forward_failed(index_, e);
-    }
-  }
-  auto operator->() const { return module_.get(); }
-  // The user's module, as passed to prepare (hasten::Accelerator::unwrap_model does the same).
-  const M& module() const { return module_; }
-  size_t index() const { return index_; }
-  std::vector<torch::Tensor> parameters() const { return module_->parameters(); }
-  void train(bool on = true) { module_->train(on); }
-  void eval() { module_->eval(); }
-
- private:
-  M module_;
-  std::shared_ptr<detail::Engine> engine_;
-  size_t index_;
-};
-
-// An optimizer after prepare: step() and zero_grad() do nothing on accumulation
-// micro-batches, and step() is skipped when the precision plugin finds non-finite gradients.
-class PreparedOptimizer {
- public:
-  PreparedOptimizer(std::shared_ptr<detail::Engine> engine, size_t index)
-      : engine_(std::move(engine)), index_(index) {}
-  void step() { engine_->optimizer_step(index_); }
-  void zero_grad() { engine_->optimizer_zero_grad(index_); }
-  // True when the last step() that should have stepped was skipped (inf/nan gradients).
-  bool step_was_skipped() const { return engine_->optimizer_step_was_skipped(index_); }
-  torch::optim::Optimizer& optimizer() const { return engine_->optimizer(index_); }
-  torch::optim::Optimizer* operator->() const { return &optimizer(); }
-  template <class T>
-  T& as() const {
-    return dynamic_cast<T&>(optimizer());
-  }
-  std::vector<torch::optim::OptimizerParamGroup>& param_groups() const {
-    return optimizer().param_groups();
-  }
-  size_t index() const { return index_; }
-
- private:
-  std::shared_ptr<detail::Engine> engine_;
-  size_t index_;
-};
-
-// A learning-rate scheduler after prepare: step() advances the schedule once per real
-// optimizer step (not on accumulation micro-batches, not when the step was skipped), unless
-// step_scheduler_with_optimizer is false.
-template <class S>
-class PreparedScheduler {
- public:
-  PreparedScheduler(std::shared_ptr<S> scheduler, std::shared_ptr<detail::Engine> engine)
-      : scheduler_(std::move(scheduler)), engine_(std::move(engine)) {}
-  void step() {
-    if (engine_->scheduler_should_step()) scheduler_->step();
-  }
-  S& scheduler() const { return *scheduler_; }
-  S* operator->() const { return scheduler_.get(); }
-
- private:
-  std::shared_ptr<S> scheduler_;
-  std::shared_ptr<detail::Engine> engine_;
-};
-
-// A data loader after prepare: this rank's share of each epoch's global order.
-template <class Dataset>
-class PreparedDataLoader {
-  // Marks the loader active while an iteration is under way (for end-of-data detection).
-  struct Session {
-    Session(std::shared_ptr<detail::Engine> e, size_t l) : engine(std::move(e)), loader(l) {}
-    ~Session() { engine->loader_end(loader); }
-    Session(const Session&) = delete;
-    Session& operator=(const Session&) = delete;
-    std::shared_ptr<detail::Engine> engine;
-    size_t loader;
-  };
-
- public:
-  PreparedDataLoader(std::shared_ptr<Dataset> dataset, std::shared_ptr<detail::Engine> engine,
-                     size_t loader, torch::Device device)
-      : dataset_(std::move(dataset)), engine_(std::move(engine)), loader_(loader), device_(device) {}
-
-  using iterator = detail::BatchIterator<Dataset>;
-
-  // Each call starts the next epoch.
-  iterator begin() {
-    auto plan = engine_->loader_begin_epoch(loader_);
-    end_pos_ = plan.num_batches;
-    auto session = plan.num_batches > 0 ? std::make_shared<Session>(engine_, loader_)
-                                        : nullptr;
-    if (!session) engine_->loader_end(loader_);
-    auto observer = [engine = engine_, id = loader_](int64_t batch, int64_t n, int64_t padding) {
-      engine->loader_at(id, batch, n, padding);
-    };
-    return iterator(dataset_, std::move(plan), 0, device_, std::move(observer), std::move(session));
-  }
-  iterator end() { return iterator(nullptr, {}, end_pos_); }
-  // Batches per epoch on this rank.
-  size_t size() const { return static_cast<size_t>(engine_->loader_num_batches(loader_)); }
-  Dataset& dataset() const { return *dataset_; }
-
- private:
-  std::shared_ptr<Dataset> dataset_;
-  std::shared_ptr<detail::Engine> engine_;
-  size_t loader_;
-  torch::Device device_;
-  int64_t end_pos_ = 0;
-};
-
-// The scope of one micro-batch under gradient accumulation (see Accelerator::accumulate).
-class [[nodiscard]] AccumulateScope {
- public:
-  AccumulateScope(std::shared_ptr<detail::Engine> engine, std::vector<size_t> models)
-      : engine_(std::move(engine)), models_(std::move(models)) {
-    engine_->begin_accumulate(models_);
-  }
-  ~AccumulateScope() {
-    if (engine_) engine_->end_accumulate(models_);
-  }
-  AccumulateScope(AccumulateScope&& other) noexcept
-      : engine_(std::move(other.engine_)), models_(std::move(other.models_)) {}
-  AccumulateScope(const AccumulateScope&) = delete;
-  AccumulateScope& operator=(const AccumulateScope&) = delete;
-  AccumulateScope& operator=(AccumulateScope&&) = delete;
-  bool sync_gradients() const { return engine_->sync_gradients(); }
-
- private:
-  std::shared_ptr<detail::Engine> engine_;
-  std::vector<size_t> models_;
-};
-
-// Mixed-precision autocast for code outside a prepared model's forward (a loss, say).
-class [[nodiscard]] AutocastScope {
- public:
-  explicit AutocastScope(std::shared_ptr<detail::Engine> engine)
-      : engine_(std::move(engine)), token_(engine_->autocast_enter()) {}
-  ~AutocastScope() { engine_->autocast_exit(token_); }
-  AutocastScope(const AutocastScope&) = delete;
-  AutocastScope& operator=(const AutocastScope&) = delete;
-
- private:
-  std::shared_ptr<detail::Engine> engine_;
-  void* token_;
-};
-
-// Runs a block on the main process first: the others wait at a barrier, then run it.
-class [[nodiscard]] MainProcessFirst {
- public:
-  MainProcessFirst(std::shared_ptr<detail::Engine> engine, bool main)
-      : engine_(std::move(engine)), main_(main) {
-    if (!main_) engine_->wait_for_everyone();
-  }
-  ~MainProcessFirst() noexcept(false) {
-    if (main_) engine_->wait_for_everyone();
-  }
-  MainProcessFirst(const MainProcessFirst&) = delete;
-  MainProcessFirst& operator=(const MainProcessFirst&) = delete;
-
- private:
-  std::shared_ptr<detail::Engine> engine_;
-  bool main_;
-};
-
-namespace detail {
-template <class T>
-struct prepared;
-}  // namespace detail
 
 class Accelerator {
  public:
@@ -559,30 +282,6 @@ class Accelerator {
 
   std::shared_ptr<detail::Engine> engine_;
 };
-
-namespace detail {
-template <class T>
-struct tag {
-  using type = T;
-};
-template <class T>
-struct prepared {
-  using D = std::decay_t<T>;
-  static auto pick() {
-    if constexpr (is_model_v<T>)
-      return tag<PreparedModel<D>>{};
-    else if constexpr (is_optimizer_v<T>)
-      return tag<PreparedOptimizer>{};
-    else if constexpr (is_scheduler_v<T>)
-      return tag<PreparedScheduler<bare_t<T>>>{};
-    else if constexpr (is_loader_v<T>)
-      return tag<PreparedDataLoader<typename D::dataset_type>>{};
-    else
-      return tag<void>{};
-  }
-  using type = typename decltype(pick())::type;
-};
-}  // namespace detail
 
 // Seeds LibTorch's generators on this process (plus its rank with device_specific).
 void set_seed(uint64_t seed, bool device_specific = false);

@@ -1,0 +1,30 @@
+// hasten::PreparedScheduler: a learning-rate scheduler after Accelerator::prepare.
+#pragma once
+
+#include <hasten/detail/engine.hpp>
+
+#include <memory>
+#include <utility>
+
+namespace hasten {
+
+// A learning-rate scheduler after prepare: step() advances the schedule once per real
+// optimizer step (not on accumulation micro-batches, not when the step was skipped), unless
+// step_scheduler_with_optimizer is false.
+template <class S>
+class PreparedScheduler {
+ public:
+  PreparedScheduler(std::shared_ptr<S> scheduler, std::shared_ptr<detail::Engine> engine)
+      : scheduler_(std::move(scheduler)), engine_(std::move(engine)) {}
+  void step() {
+    if (engine_->scheduler_should_step()) scheduler_->step();
+  }
+  S& scheduler() const { return *scheduler_; }
+  S* operator->() const { return scheduler_.get(); }
+
+ private:
+  std::shared_ptr<S> scheduler_;
+  std::shared_ptr<detail::Engine> engine_;
+};
+
+}  // namespace hasten

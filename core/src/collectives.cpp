@@ -1,0 +1,225 @@
+// Collectives on tensors for the Accelerator (gather, reduce, broadcast, all_reduce_,
+// reduce_scatter, barrier, the trigger flag) over the run's communicator, and debug mode's
+// check that every rank is in the same collective.
+#define HASTEN_PLUGIN_TORCH_TIER 1  // sdk::dl_view, sdk::dl_device
+#include <hasten/error.hpp>
+#include <hasten/plugin.hpp>
+#include <hasten/work.hpp>
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine_state.hpp"
+
+namespace hasten::detail {
+
+namespace {
+
+std::string describe(const torch::Tensor& t) {
+  if (!t.defined()) return "(no tensor)";
+  std::string s = std::string(c10::toString(t.scalar_type())) + "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+hasten_reduce_op to_abi(ReduceOp op) { return static_cast<hasten_reduce_op>(static_cast<int>(op)); }
+
+hasten_reduce_op reduce_op(const std::string& op) {
+  if (op == "sum" || op == "mean") return HASTEN_REDUCE_SUM;
+  if (op == "max") return HASTEN_REDUCE_MAX;
+  if (op == "min") return HASTEN_REDUCE_MIN;
+  throw UsageError("reduce: operation '" + op + "' is not allowed (allowed: sum, mean, max, min)");
+}
+
+}  // namespace
+
+void Engine::Impl::allreduce_(torch::Tensor& t, hasten_reduce_op op) {
+  DLTensor view = sdk::dl_view(t);
+  if (auto work = comm->allreduce(view, op, nullptr)) work->wait(0);
+}
+
+// Debug mode: before a collective, every rank publishes what it is about to do and checks
+// that all ranks agree, so a mismatch is an error naming the ranks instead of a hang.
+void Engine::Impl::check_collective(const std::string& op, const torch::Tensor& t) {
+  if (!config.debug || process.world_size == 1) return;
+  const int64_t n = collective_seq++;
+  const std::string mine = op + " " + describe(t);
+  const std::string key = "hasten/debug/" + std::to_string(n) + "/";
+  store->set(key + std::to_string(process.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> differ;
+  std::string all;
+  for (int r = 0; r < process.world_size; ++r) {
+    std::string theirs;
+    try {
+      auto v = store->get(key + std::to_string(r), host.timeout_ms);
+      theirs.assign(v.begin(), v.end());
+    } catch (const Error&) {
+      throw UsageError("debug: rank " + std::to_string(r) + " did not reach collective #" + std::to_string(n) +
+                       " (rank " + std::to_string(process.rank) + " is in " + mine + ") within " +
+                       std::to_string(config.timeout_s) + " s");
+    }
+    all += (r ? "; " : "") + std::string("rank ") + std::to_string(r) + ": " + theirs;
+    if (theirs != mine) differ.push_back(std::to_string(r));
+  }
+  if (!differ.empty())
+    throw UsageError("debug: ranks disagree on collective #" + std::to_string(n) + " (" + all + ")");
+}
+
+torch::Tensor Engine::gather(const torch::Tensor& tensor) {
+  Impl& s = *impl_;
+  torch::Tensor in = (tensor.dim() == 0 ? tensor.reshape({1}) : tensor).contiguous();
+  if (s.process.world_size == 1) return in;
+  s.check_collective("gather", in);
+  auto sizes = in.sizes().vec();
+  sizes[0] *= s.process.world_size;
+  torch::Tensor out = torch::empty(sizes, in.options());
+  DLTensor a = sdk::dl_view(in), b = sdk::dl_view(out);
+  if (auto work = s.comm->allgather(a, b, nullptr)) work->wait(0);
+  return out;
+}
+
+torch::Tensor Engine::gather_for_metrics(const torch::Tensor& tensor) {
+  Impl& s = *impl_;
+  torch::Tensor gathered = gather(tensor);
+  const ActiveLoader* loader = s.innermost();
+  if (s.process.world_size == 1 || loader == nullptr || loader->batch < 0) return gathered;
+  // Drop the padding that completed this round: each rank says how many of its trailing
+  // samples pad, and the per-rank chunks are contiguous in rank order.
+  torch::Tensor pads = gather(torch::tensor({loader->num_padding}, torch::kLong));
+  if (pads.sum().item<int64_t>() == 0) return gathered;
+  const int64_t per_rank = tensor.dim() == 0 ? 1 : tensor.size(0);
+  std::vector<torch::Tensor> keep;
+  for (int64_t r = 0; r < s.process.world_size; ++r) {
+    const int64_t real = std::max<int64_t>(0, per_rank - pads[r].item<int64_t>());
+    keep.push_back(gathered.narrow(0, r * per_rank, real));
+  }
+  return torch::cat(keep, 0);
+}
+
+torch::Tensor Engine::reduce(const torch::Tensor& tensor, const std::string& op) {
+  Impl& s = *impl_;
+  const hasten_reduce_op rop = reduce_op(op);
+  torch::Tensor t = tensor.clone().contiguous();
+  if (s.process.world_size == 1) return t;
+  s.check_collective("reduce(" + op + ")", t);
+  s.allreduce_(t, rop);
+  if (op == "mean") t = t / static_cast<double>(s.process.world_size);
+  return t;
+}
+
+torch::Tensor Engine::broadcast(const torch::Tensor& tensor, int from) {
+  Impl& s = *impl_;
+  if (from < 0 || from >= s.process.world_size)
+    throw UsageError("broadcast: from_process " + std::to_string(from) + " is out of range [0, " +
+                     std::to_string(s.process.world_size) + ")");
+  torch::Tensor t = tensor.clone().contiguous();
+  if (s.process.world_size == 1) return t;
+  s.check_collective("broadcast(from " + std::to_string(from) + ")", t);
+  DLTensor v = sdk::dl_view(t);
+  if (auto work = s.comm->broadcast(v, from, nullptr)) work->wait(0);
+  return t;
+}
+
+std::shared_ptr<PendingWork> Engine::all_reduce_(torch::Tensor& tensor, ReduceOp op) {
+  Impl& s = *impl_;
+  if (!tensor.is_contiguous()) throw UsageError("all_reduce_: the tensor must be contiguous");
+  auto pending = std::make_shared<PendingWork>();
+  pending->keep_alive = tensor;
+  if (s.process.world_size == 1) return pending;  // one rank: the reduction is the tensor
+  s.check_collective("all_reduce_", tensor);
+  DLTensor v = sdk::dl_view(tensor);
+  pending->work = s.comm->allreduce(v, to_abi(op), nullptr);
+  return pending;
+}
+
+torch::Tensor Engine::reduce_scatter(const torch::Tensor& tensor, ReduceOp op) {
+  Impl& s = *impl_;
+  const int64_t w = s.process.world_size;
+  if (tensor.dim() == 0 || tensor.size(0) % w != 0)
+    throw UsageError("reduce_scatter: dim 0 (" + (tensor.dim() ? std::to_string(tensor.size(0)) : std::string("scalar")) +
+                     ") must be a multiple of the " + std::to_string(w) + " processes");
+  torch::Tensor in = tensor.contiguous();
+  auto sizes = in.sizes().vec();
+  sizes[0] /= w;
+  torch::Tensor out = torch::empty(sizes, in.options());
+  if (w == 1) return out.copy_(in);
+  s.check_collective("reduce_scatter", in);
+  DLTensor a = sdk::dl_view(in), b = sdk::dl_view(out);
+  if (auto work = s.comm->reduce_scatter(a, b, to_abi(op), nullptr)) work->wait(0);
+  return out;
+}
+
+void Engine::broadcast_(torch::Tensor& tensor, int from) {
+  Impl& s = *impl_;
+  if (from < 0 || from >= s.process.world_size)
+    throw UsageError("broadcast_: from_process " + std::to_string(from) + " is out of range [0, " +
+                     std::to_string(s.process.world_size) + ")");
+  if (!tensor.is_contiguous()) throw UsageError("broadcast_: the tensor must be contiguous");
+  if (s.process.world_size == 1) return;
+  s.check_collective("broadcast_(from " + std::to_string(from) + ")", tensor);
+  DLTensor v = sdk::dl_view(tensor);
+  if (auto work = s.comm->broadcast(v, from, nullptr)) work->wait(0);
+}
+
+std::string Engine::backend_for(const torch::Device& device) const {
+  DLDevice d = sdk::dl_device(device);
+  return impl_->comm->backend_for(d);
+}
+
+std::string Engine::broadcast(const std::string& text, int from) {
+  if (impl_->process.world_size == 1) {
+    broadcast(torch::zeros({1}), from);  // validates `from`
+    return text;
+  }
+  torch::Tensor len = broadcast(torch::tensor({static_cast<int64_t>(text.size())}), from);
+  const int64_t n = len.item<int64_t>();
+  torch::Tensor bytes = torch::zeros({std::max<int64_t>(n, 1)}, torch::kUInt8);
+  if (impl_->process.rank == from) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  bytes = broadcast(bytes, from);
+  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(n));
+}
+
+torch::Tensor Engine::pad_across_processes(const torch::Tensor& tensor, int64_t dim,
+                                           double pad_value, bool pad_first) {
+  if (tensor.dim() == 0) return tensor;
+  if (dim < 0) dim += tensor.dim();
+  if (dim < 0 || dim >= tensor.dim())
+    throw UsageError("pad_across_processes: dim out of range for a tensor of " +
+                     std::to_string(tensor.dim()) + " dimensions");
+  torch::Tensor size = torch::tensor({tensor.size(dim)}, torch::kLong);
+  const int64_t max_size = gather(size).max().item<int64_t>();
+  if (max_size == tensor.size(dim)) return tensor;
+  auto sizes = tensor.sizes().vec();
+  sizes[dim] = max_size;
+  torch::Tensor out = torch::full(sizes, pad_value, tensor.options());
+  const int64_t offset = pad_first ? max_size - tensor.size(dim) : 0;
+  out.narrow(dim, offset, tensor.size(dim)).copy_(tensor);
+  return out;
+}
+
+void Engine::wait_for_everyone() {
+  if (impl_->process.world_size == 1) return;
+  impl_->check_collective("wait_for_everyone", torch::Tensor());
+  impl_->comm->barrier(nullptr);
+}
+
+void Engine::set_trigger() { impl_->trigger = true; }
+
+bool Engine::check_trigger() {
+  torch::Tensor flag = torch::tensor({impl_->trigger ? int64_t{1} : int64_t{0}});
+  const bool raised = reduce(flag, "sum").item<int64_t>() > 0;
+  if (raised) impl_->trigger = false;
+  return raised;
+}
+
+}  // namespace hasten::detail
+
+namespace hasten {
+
+void Work::wait() {
+  if (pending_ && pending_->work) pending_->work->wait(pending_->timeout_ms);
+}
+
+bool Work::is_completed() { return !pending_ || !pending_->work || pending_->work->test(); }
+
+}  // namespace hasten

@@ -1,0 +1,88 @@
+// Engine setup and teardown: the resolved config, the device, the rendezvous and the
+// communicator, the strategy and precision plugins, and the order they are torn down in.
+#include <hasten/logging.hpp>
+#include <hasten/registry.hpp>
+
+#include <torch/cuda.h>
+
+#include "comm_instance.hpp"
+#include "comm_routing.hpp"
+#include "engine_state.hpp"
+#include "plugin_communicator.hpp"
+#include "rendezvous.hpp"
+
+namespace hasten::detail {
+
+Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.config = resolve_config(options);
+  set_log_level(s.config.log_level);
+  s.process = detect_process_info(current_environment());
+  if (!s.config.plugin_path.empty())
+    PluginRegistry::instance().add_search_directories(s.config.plugin_path);
+
+  if (!s.config.use_cpu && torch::cuda::is_available()) {
+    const int count = static_cast<int>(torch::cuda::device_count());
+    s.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(s.process.local_rank % count));
+    s.dl_device = {kDLCUDA, s.process.local_rank % count};
+  }
+
+  s.host.process = s.process;
+  s.host.timeout_ms = static_cast<int64_t>(s.config.timeout_s * 1000.0);
+  auto& registry = PluginRegistry::instance();
+  if (s.process.world_size > 1) {
+    s.store = rendezvous(s.process, s.host.timeout_ms);
+    s.host.store = s.store.get();
+    // One backend per device type the run touches (comm_routing.cpp: the config, or the
+    // plugins' own declarations under auto). comm_options go to the CPU backend.
+    auto backend = [&](int32_t type) {
+      auto it = s.config.comm_backends.find(type == kDLCUDA ? "cuda" : "cpu");
+      return it == s.config.comm_backends.end() ? std::string("auto") : it->second;
+    };
+    auto cpu = open_comm_backend(kDLCPU, backend(kDLCPU), s.config.comm_options, &s.host.api, s.process,
+                                 s.host.timeout_ms);
+    std::unique_ptr<CommInstance> gpu;
+    if (s.dl_device.device_type == kDLCUDA)
+      gpu = open_comm_backend(kDLCUDA, backend(kDLCUDA), "{}", &s.host.api, s.process, s.host.timeout_ms);
+    s.comm = make_plugin_communicator(s.process.rank, s.process.world_size, std::move(cpu), std::move(gpu));
+  } else {
+    s.comm = make_local_communicator();
+  }
+  s.host.comm = s.comm.get();
+
+  s.strategy = std::make_unique<StrategyInstance>(
+      registry.select(PluginKind::Strategy, s.config.strategy), &s.host.api,
+      s.config.strategy_options);
+  s.precision = std::make_unique<PrecisionInstance>(
+      registry.select(PluginKind::Precision, s.config.precision), &s.host.api,
+      s.config.precision_options);
+  s.precision->check_device(s.dl_device);
+  s.precision_autocast = s.precision->has_autocast();
+  s.unit_events = s.strategy->has_unit_events();
+  get_logger()->debug("accelerator: strategy {}, precision {}, device {}, rank {}/{}",
+                      s.strategy->name(), s.precision->name(), s.device.str(), s.process.rank,
+                      s.process.world_size);
+}
+
+Engine::~Engine() {
+  // Units outlive the engine when the user keeps the model: detach them first.
+  for (auto& m : impl_->models)
+    for (UnitBase* u : m.units) u->engine_ = nullptr;
+  // Trackers flush in destroy(); plugins go before the communicator they may use, and the
+  // communicator before the store it rendezvoused through.
+  impl_->trackers.clear();
+  impl_->precision.reset();
+  impl_->strategy.reset();
+  impl_->host.comm = nullptr;
+  impl_->comm.reset();
+  impl_->host.store = nullptr;
+  impl_->store.reset();
+}
+
+const Config& Engine::config() const { return impl_->config; }
+const ProcessInfo& Engine::process() const { return impl_->process; }
+torch::Device Engine::device() const { return impl_->device; }
+std::string Engine::strategy_name() const { return impl_->strategy->name(); }
+std::string Engine::precision_name() const { return impl_->precision->name(); }
+
+}  // namespace hasten::detail

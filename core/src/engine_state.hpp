@@ -1,0 +1,102 @@
+// The engine's private state: what the Engine's source files share (the run's config, device,
+// communicator and plugin instances, the prepared objects, the accumulation state). Only the
+// Engine's own sources include it; everyone else sees only core/include/hasten/detail/engine.hpp.
+#pragma once
+
+#include <hasten/config.hpp>
+#include <hasten/data.hpp>
+#include <hasten/detail/engine.hpp>
+#include <hasten/process.hpp>
+#include <hasten/unit.hpp>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "communicator.hpp"
+#include "host_api.hpp"
+#include "precision_instance.hpp"
+#include "strategy_instance.hpp"
+#include "tracker_instance.hpp"
+
+namespace hasten::detail {
+
+struct ModelEntry {
+  std::shared_ptr<torch::nn::Module> module;
+  bool sync_enabled = true;  // what the strategy was last told
+  std::vector<UnitBase*> units;  // nested hasten::Unit modules (1..n), attached to this engine
+  bool root_is_unit = false;     // the model is itself a hasten::Unit (its forward reports unit 0)
+};
+
+struct OptimizerEntry {
+  torch::optim::Optimizer* optimizer = nullptr;
+  std::shared_ptr<void> owner;
+  bool last_skipped = false;
+};
+
+struct LoaderEntry {
+  ShardSpec spec;
+  int64_t epoch = 0;
+  int64_t num_batches = 0;
+};
+
+struct ActiveLoader {
+  size_t id = 0;
+  int64_t batch = -1;
+  int64_t num_batches = 0;
+  int64_t num_padding = 0;
+};
+
+struct PendingWork {
+  WorkPtr work;
+  torch::Tensor keep_alive;  // the buffer must outlive the operation
+  int64_t timeout_ms = 0;
+};
+
+struct Engine::Impl {
+  Config config;
+  ProcessInfo process;
+  torch::Device device{torch::kCPU};
+  DLDevice dl_device{kDLCPU, 0};
+  HostContext host;
+  std::unique_ptr<Store> store;
+  std::unique_ptr<Communicator> comm;
+  int64_t collective_seq = 0;  // debug mode: the n-th tensor collective of this rank
+  std::unique_ptr<StrategyInstance> strategy;
+  std::unique_ptr<PrecisionInstance> precision;
+  bool precision_autocast = false;
+  bool unit_events = false;  // the strategy wants unit forward events
+  std::vector<std::unique_ptr<TrackerInstance>> trackers;
+  std::vector<ModelEntry> models;
+  std::vector<OptimizerEntry> optimizers;
+  size_t schedulers = 0;
+  std::vector<LoaderEntry> loaders;
+  std::vector<ActiveLoader> active;  // innermost loader last
+
+  // Gradient accumulation state.
+  bool sync = true;
+  int64_t accum_step = 0;
+  int64_t window = 1;  // micro-batches in the current accumulation window
+  int accumulate_depth = 0;
+  bool trigger = false;
+
+  const ActiveLoader* innermost() const { return active.empty() ? nullptr : &active.back(); }
+  bool end_of_dataloader() const {
+    auto* a = innermost();
+    return a != nullptr && a->batch >= 0 && a->batch == a->num_batches - 1;
+  }
+
+  Communicator& communicator() { return *comm; }
+
+  // An allreduce of a whole tensor over the communicator (collectives.cpp).
+  void allreduce_(torch::Tensor& t, hasten_reduce_op op);
+  // Debug mode: every rank checks that all ranks are in the same collective (collectives.cpp).
+  void check_collective(const std::string& op, const torch::Tensor& t);
+};
+
+}  // namespace hasten::detail

@@ -1,0 +1,53 @@
+// Prepared data loaders as the engine tracks them: their shard specs, epochs, and which
+// loader is iterating at which batch (for end-of-data and gather_for_metrics).
+#include <iterator>
+
+#include "engine_state.hpp"
+
+namespace hasten::detail {
+
+size_t Engine::add_loader(int64_t dataset_size, const DataLoaderOptions& options) {
+  Impl& s = *impl_;
+  LoaderEntry e;
+  e.spec.dataset_size = dataset_size;
+  e.spec.options = options;
+  e.spec.world_size = s.process.world_size;
+  e.spec.rank = s.process.rank;
+  e.spec.even_batches = s.config.even_batches;
+  e.spec.split_batches = s.config.split_batches;
+  e.num_batches = count_batches(e.spec);  // validates the spec now, at prepare
+  s.loaders.push_back(e);
+  return s.loaders.size() - 1;
+}
+
+EpochPlan Engine::loader_begin_epoch(size_t loader) {
+  Impl& s = *impl_;
+  LoaderEntry& e = s.loaders.at(loader);
+  EpochPlan plan = make_epoch_plan(e.spec, e.epoch++);
+  s.active.push_back({loader, -1, plan.num_batches, 0});
+  return plan;
+}
+
+void Engine::loader_at(size_t loader, int64_t batch, int64_t num_batches, int64_t num_padding) {
+  for (auto it = impl_->active.rbegin(); it != impl_->active.rend(); ++it) {
+    if (it->id != loader) continue;
+    it->batch = batch;
+    it->num_batches = num_batches;
+    it->num_padding = num_padding;
+    return;
+  }
+}
+
+void Engine::loader_end(size_t loader) noexcept {
+  auto& active = impl_->active;
+  for (auto it = active.rbegin(); it != active.rend(); ++it) {
+    if (it->id == loader) {
+      active.erase(std::next(it).base());
+      return;
+    }
+  }
+}
+
+int64_t Engine::loader_num_batches(size_t loader) const { return impl_->loaders.at(loader).num_batches; }
+
+}  // namespace hasten::detail

@@ -1,0 +1,100 @@
+// The step of a training loop: optimizer and scheduler stepping (skipped on accumulation
+// micro-batches and on non-finite gradients), backward with loss scaling, gradient clipping
+// and unscaling.
+#include <hasten/torch_compat.hpp>
+
+#include <torch/nn/utils/clip_grad.h>
+
+#include "engine_state.hpp"
+
+namespace hasten::detail {
+
+// ---- optimizers and schedulers ------------------------------------------------------------
+
+size_t Engine::add_optimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<void> owner) {
+  Impl& s = *impl_;
+  for (size_t i = 0; i < s.optimizers.size(); ++i)
+    if (s.optimizers[i].optimizer == &optimizer) return i;
+  s.strategy->prepare_optimizer(optimizer);
+  s.optimizers.push_back({&optimizer, std::move(owner), false});
+  return s.optimizers.size() - 1;
+}
+
+torch::optim::Optimizer& Engine::optimizer(size_t index) { return *impl_->optimizers.at(index).optimizer; }
+
+void Engine::optimizer_step(size_t index) {
+  Impl& s = *impl_;
+  if (!s.sync) return;  // an accumulation micro-batch
+  OptimizerEntry& e = s.optimizers.at(index);
+  const bool skip = s.precision->before_step(*e.optimizer);
+  if (!skip) {
+    s.strategy->before_optimizer_step(*e.optimizer);
+    e.optimizer->step();
+    s.strategy->after_optimizer_step(*e.optimizer);
+  }
+  s.precision->after_step(*e.optimizer, skip);
+  e.last_skipped = skip;
+}
+
+void Engine::optimizer_zero_grad(size_t index) {
+  if (!impl_->sync) return;
+  compat::zero_grad_in_place(*impl_->optimizers.at(index).optimizer);
+}
+
+bool Engine::optimizer_step_was_skipped(size_t index) const {
+  return impl_->optimizers.at(index).last_skipped;
+}
+
+bool Engine::any_optimizer_step_skipped() const {
+  for (auto& e : impl_->optimizers)
+    if (e.last_skipped) return true;
+  return false;
+}
+
+void Engine::add_scheduler() { ++impl_->schedulers; }
+
+bool Engine::scheduler_should_step() const {
+  const Impl& s = *impl_;
+  if (!s.config.step_scheduler_with_optimizer) return true;
+  if (!s.sync) return false;
+  return !any_optimizer_step_skipped();
+}
+
+// ---- backward and gradients ---------------------------------------------------------------
+
+void Engine::backward(const torch::Tensor& loss, bool retain_graph) {
+  Impl& s = *impl_;
+  torch::Tensor l = loss;
+  if (s.accumulate_depth > 0 && s.window > 1) l = l / static_cast<double>(s.window);
+  s.precision->scale_loss(l);
+  s.strategy->before_backward();
+  l.backward({}, retain_graph);
+  s.strategy->after_backward();
+}
+
+double Engine::clip_grad_norm(size_t model, double max_norm, double norm_type) {
+  Impl& s = *impl_;
+  unscale_gradients();
+  ModelEntry& e = s.models.at(model);
+  if (s.strategy->has_clip_grad_norm()) return s.strategy->clip_grad_norm(*e.module, max_norm, norm_type);
+  return torch::nn::utils::clip_grad_norm_(e.module->parameters(), max_norm, norm_type);
+}
+
+double Engine::clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm,
+                              double norm_type) {
+  unscale_gradients();
+  return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+}
+
+void Engine::clip_grad_value(size_t model, double clip_value) {
+  unscale_gradients();
+  torch::nn::utils::clip_grad_value_(impl_->models.at(model).module->parameters(), clip_value);
+}
+
+void Engine::unscale_gradients() {
+  for (auto& e : impl_->optimizers) impl_->precision->unscale_gradients(*e.optimizer);
+}
+
+double Engine::loss_scale() const { return impl_->precision->loss_scale(); }
+
+}  // namespace hasten::detail
