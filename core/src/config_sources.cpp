@@ -148,6 +148,8 @@ Layer code_layer(const Options& o) {
   if (o.trackers) put("trackers", *o.trackers);
   if (o.project_dir) put("project_dir", *o.project_dir);
   if (o.logging_dir) put("logging_dir", *o.logging_dir);
+  if (o.automatic_checkpoint_naming) put("automatic_checkpoint_naming", *o.automatic_checkpoint_naming);
+  if (o.total_limit) put("total_limit", *o.total_limit);
   if (o.cpu) put("use_cpu", *o.cpu);
   if (o.step_scheduler_with_optimizer) put("step_scheduler_with_optimizer", *o.step_scheduler_with_optimizer);
   if (o.split_batches) put("split_batches", *o.split_batches);

@@ -14,6 +14,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,13 @@ struct LoaderEntry {
   ShardSpec spec;
   int64_t epoch = 0;
   int64_t num_batches = 0;
+  int64_t resume_batch = 0;  // after load_state: the first batch of the next epoch begun
+  int64_t stopped_at = 0;    // an iteration left after this many batches of epoch - 1 (0: none)
+};
+
+struct SchedulerEntry {
+  std::function<void()> step_once;
+  int64_t steps = 0;  // real steps taken (what a checkpoint stores)
 };
 
 struct ActiveLoader {
@@ -74,7 +82,9 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<TrackerInstance>> trackers;
   std::vector<ModelEntry> models;
   std::vector<OptimizerEntry> optimizers;
-  size_t schedulers = 0;
+  std::vector<SchedulerEntry> schedulers;
+  std::vector<CheckpointObject> checkpoint_objects;
+  int64_t save_iteration = 0;  // the next automatic checkpoint's number
   std::vector<LoaderEntry> loaders;
   std::vector<ActiveLoader> active;  // innermost loader last
 

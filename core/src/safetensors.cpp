@@ -23,8 +23,8 @@ const std::vector<std::pair<torch::ScalarType, const char*>>& dtypes() {
 
 }  // namespace
 
-void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+void write_safetensors(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata,
+                       const std::function<void(const void*, size_t)>& sink) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<torch::Tensor> data;
@@ -43,16 +43,23 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   }
   std::string text = header.dump();
   while ((text.size() + 8) % 8 != 0) text.push_back(' ');  // the data starts 8-byte aligned
+  const uint64_t n = text.size();
+  unsigned char le[8];
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(n >> (8 * i));
+  sink(le, 8);
+  sink(text.data(), text.size());
+  for (auto& t : data) sink(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
+}
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw Error("safetensors: cannot write '" + tmp + "'");
-    const uint64_t n = text.size();
-    unsigned char le[8];
-    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(n >> (8 * i));
-    out.write(reinterpret_cast<const char*>(le), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (auto& t : data) out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
+    write_safetensors(tensors, metadata, [&](const void* p, size_t size) {
+      out.write(static_cast<const char*>(p), static_cast<std::streamsize>(size));
+    });
     out.flush();
     if (!out) throw Error("safetensors: writing '" + tmp + "' failed (disk full?)");
   }

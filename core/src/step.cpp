@@ -51,7 +51,12 @@ bool Engine::any_optimizer_step_skipped() const {
   return false;
 }
 
-void Engine::add_scheduler() { ++impl_->schedulers; }
+size_t Engine::add_scheduler(std::function<void()> step_once) {
+  impl_->schedulers.push_back({std::move(step_once), 0});
+  return impl_->schedulers.size() - 1;
+}
+
+void Engine::scheduler_stepped(size_t index) { ++impl_->schedulers.at(index).steps; }
 
 bool Engine::scheduler_should_step() const {
   const Impl& s = *impl_;

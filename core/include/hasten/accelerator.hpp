@@ -223,6 +223,37 @@ class Accelerator {
   void set_trigger() { engine_->set_trigger(); }
   bool check_trigger() { return engine_->check_trigger(); }
 
+  // Checkpoints (docs/checkpoints.md); every rank calls them. save_state writes the prepared
+  // models (safetensors), optimizers, schedulers, data loader positions, the accumulation
+  // state, each rank's RNG and the registered objects into `output_dir` atomically, or, with
+  // no directory (or automatic_checkpoint_naming), into
+  // <project_dir>/checkpoints/checkpoint_<save_iteration()>; it returns the directory.
+  // load_state reads one back (no directory: the newest complete checkpoint, skipping damaged
+  // ones with a warning) so that the loop continues exactly where it stopped, mid-epoch
+  // included. Call it after prepare and before training.
+  std::string save_state(const std::string& output_dir = "") { return engine_->save_state(output_dir); }
+  std::string load_state(const std::string& input_dir = "") { return engine_->load_state(input_dir); }
+  // The number the next automatic checkpoint gets (continues after load_state).
+  int64_t save_iteration() const { return engine_->save_iteration(); }
+  // Adds an object to every checkpoint. It has `state_dict()` returning either std::string
+  // (bytes) or hasten::NamedTensors, and the matching `load_state_dict(const ...&)`; it must
+  // outlive the Accelerator's checkpoints. Register in the same order before save and load.
+  template <class T>
+  void register_for_checkpointing(T& object) {
+    detail::Engine::CheckpointObject o;
+    using State = std::decay_t<decltype(object.state_dict())>;
+    if constexpr (std::is_same_v<State, std::string>) {
+      o.save_bytes = [&object] { return object.state_dict(); };
+      o.load_bytes = [&object](const std::string& bytes) { object.load_state_dict(bytes); };
+    } else {
+      static_assert(std::is_same_v<State, NamedTensors>,
+                    "register_for_checkpointing: state_dict() must return std::string or hasten::NamedTensors");
+      o.save_tensors = [&object] { return object.state_dict(); };
+      o.load_tensors = [&object](const NamedTensors& tensors) { object.load_state_dict(tensors); };
+    }
+    engine_->register_for_checkpointing(std::move(o));
+  }
+
   // Trackers (config key `trackers`), on the main process only.
   void init_trackers(const std::string& project, const Hparams& hparams = {});
   void log(const Metrics& values, int64_t step = -1) { engine_->log(values, step); }
@@ -266,7 +297,6 @@ class Accelerator {
       else
         return PreparedOptimizer(engine_, engine_->add_optimizer(object, nullptr));
     } else if constexpr (detail::is_scheduler_v<T>) {
-      engine_->add_scheduler();
       using S = detail::bare_t<T>;
       if constexpr (detail::is_shared_ptr<D>::value)
         return PreparedScheduler<S>(object, engine_);

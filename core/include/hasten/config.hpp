@@ -32,6 +32,8 @@ struct Options {
   std::optional<std::vector<std::string>> trackers;
   std::optional<std::string> project_dir;
   std::optional<std::string> logging_dir;
+  std::optional<bool> automatic_checkpoint_naming;
+  std::optional<int> total_limit;
   std::optional<bool> cpu;
   std::optional<bool> step_scheduler_with_optimizer;
   std::optional<bool> split_batches;
@@ -74,6 +76,8 @@ struct Config {
   // Run settings.
   std::string project_dir = ".";
   std::string logging_dir;  // "" -> <project_dir>/hasten_logs
+  bool automatic_checkpoint_naming = false;  // save_state(dir) ignores dir: checkpoints/checkpoint_N
+  int total_limit = 0;                       // automatic checkpoints kept (0: all)
   double timeout_s = 1800.0;
   std::string log_level = "info";
   bool step_scheduler_with_optimizer = true;

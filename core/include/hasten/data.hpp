@@ -77,6 +77,7 @@ struct EpochPlan {
   int64_t rank = 0;
   int64_t num_batches = 0;  // this rank's
   bool pad = false;         // complete short rounds by wrapping around
+  int64_t first_batch = 0;  // where iteration starts (after load_state: mid-epoch)
 
   // The dataset indices of batch b and how many of them (at the end) are padding.
   std::vector<int64_t> batch(int64_t b, int64_t* num_padding) const;

@@ -38,13 +38,14 @@ class PreparedDataLoader {
   iterator begin() {
     auto plan = engine_->loader_begin_epoch(loader_);
     end_pos_ = plan.num_batches;
-    auto session = plan.num_batches > 0 ? std::make_shared<Session>(engine_, loader_)
+    auto session = plan.first_batch < plan.num_batches ? std::make_shared<Session>(engine_, loader_)
                                         : nullptr;
     if (!session) engine_->loader_end(loader_);
     auto observer = [engine = engine_, id = loader_](int64_t batch, int64_t n, int64_t padding) {
       engine->loader_at(id, batch, n, padding);
     };
-    return iterator(dataset_, std::move(plan), 0, device_, std::move(observer), std::move(session));
+    const int64_t first = plan.first_batch;
+    return iterator(dataset_, std::move(plan), first, device_, std::move(observer), std::move(session));
   }
   iterator end() { return iterator(nullptr, {}, end_pos_); }
   // Batches per epoch on this rank.

@@ -15,9 +15,15 @@ template <class S>
 class PreparedScheduler {
  public:
   PreparedScheduler(std::shared_ptr<S> scheduler, std::shared_ptr<detail::Engine> engine)
-      : scheduler_(std::move(scheduler)), engine_(std::move(engine)) {}
+      : scheduler_(std::move(scheduler)), engine_(std::move(engine)) {
+    // LibTorch's schedulers keep their state private: checkpoints store how many real steps
+    // this one took, and load_state replays them on the freshly built scheduler.
+    index_ = engine_->add_scheduler([s = scheduler_] { s->step(); });
+  }
   void step() {
-    if (engine_->scheduler_should_step()) scheduler_->step();
+    if (!engine_->scheduler_should_step()) return;
+    scheduler_->step();
+    engine_->scheduler_stepped(index_);
   }
   S& scheduler() const { return *scheduler_; }
   S* operator->() const { return scheduler_.get(); }
@@ -25,6 +31,7 @@ class PreparedScheduler {
  private:
   std::shared_ptr<S> scheduler_;
   std::shared_ptr<detail::Engine> engine_;
+  size_t index_ = 0;
 };
 
 }  // namespace hasten

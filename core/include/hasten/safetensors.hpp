@@ -5,6 +5,7 @@
 
 #include <torch/types.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -19,6 +20,10 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
+// Streams the file's bytes (header, then data) to `sink`, for writers that checksum or flush
+// as they go. Throws hasten::Error for an unsupported dtype or a duplicate name.
+void write_safetensors(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata,
+                       const std::function<void(const void* data, size_t size)>& sink);
 // Reads every tensor of a file. Throws hasten::Error naming the file and what is wrong.
 NamedTensors load_safetensors(const std::string& path);
 

@@ -10,6 +10,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -63,9 +64,10 @@ class Engine {
   bool optimizer_step_was_skipped(size_t index) const;
   bool any_optimizer_step_skipped() const;
 
-  // Schedulers.
-  void add_scheduler();
+  // Schedulers: `step_once` steps the scheduler (load_state replays the saved count).
+  size_t add_scheduler(std::function<void()> step_once);
   bool scheduler_should_step() const;
+  void scheduler_stepped(size_t index);
 
   // Data loaders.
   size_t add_loader(int64_t dataset_size, const DataLoaderOptions& options);
@@ -103,6 +105,19 @@ class Engine {
   std::string backend_for(const torch::Device& device) const;
   void set_trigger();
   bool check_trigger();
+
+  // Checkpoints (checkpoint.cpp). An object registered for checkpointing saves and loads
+  // either bytes or named tensors.
+  struct CheckpointObject {
+    std::function<std::string()> save_bytes;
+    std::function<void(const std::string&)> load_bytes;
+    std::function<std::vector<std::pair<std::string, torch::Tensor>>()> save_tensors;
+    std::function<void(const std::vector<std::pair<std::string, torch::Tensor>>&)> load_tensors;
+  };
+  void register_for_checkpointing(CheckpointObject object);
+  std::string save_state(const std::string& dir);
+  std::string load_state(const std::string& dir);
+  int64_t save_iteration() const;
 
   // Trackers.
   void init_trackers(const std::string& project, const std::string& hparams_json);
