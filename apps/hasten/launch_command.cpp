@@ -2,6 +2,7 @@
 // then starts this machine's workers with the torchrun environment contract and the resolved
 // config in HASTEN_CONFIG_JSON.
 #include <hasten/config.hpp>
+#include <hasten/detail/launch_contract.hpp>
 #include <hasten/error.hpp>
 #include <hasten/process.hpp>
 #include <hasten/runtime_info.hpp>
@@ -73,8 +74,8 @@ int launch(const LaunchFlags& flags) {
   plan.grace_s = flags.grace_s;
   if (config.num_machines == 1) {
     // One machine: port 0 or a busy port picks a free one.
-    if (plan.master_port == 0 || !port_is_free(plan.master_port)) {
-      const int port = pick_free_port();
+    if (plan.master_port == 0 || !detail::port_is_free(plan.master_port)) {
+      const int port = detail::pick_free_port(/*loopback_only=*/false);
       if (plan.master_port != 0 && !flags.dry_run)
         std::cerr << "hasten launch: port " << plan.master_port << " is busy; using " << port << std::endl;
       plan.master_port = port;

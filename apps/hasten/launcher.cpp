@@ -1,11 +1,12 @@
+// The local half of `hasten launch` (launcher.hpp): fork/exec of the workers, their output
+// prefixed and logged, signal forwarding and the stop-the-others policy.
 #include "launcher.hpp"
 
-#include <arpa/inet.h>
+#include <hasten/detail/launch_contract.hpp>
+
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -106,22 +107,6 @@ bool drain(Worker& w, Stream& s, const std::string& prefix) {
   }
 }
 
-std::string describe(int status) {
-  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    const int sig = WTERMSIG(status);
-    const char* name = ::strsignal(sig);
-    return "was killed by signal " + std::to_string(sig) + " (" + (name ? name : "?") + ")";
-  }
-  return "ended with status " + std::to_string(status);
-}
-
-int exit_code_of(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
-}
-
 void signal_all(std::vector<Worker>& workers, int sig) {
   for (auto& w : workers)
     if (w.running) ::kill(-w.pid, sig);  // the worker's whole process group
@@ -130,46 +115,19 @@ void signal_all(std::vector<Worker>& workers, int sig) {
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> LaunchPlan::worker_env(int local_rank) const {
+  detail::WorkerPlace place;
+  place.rank = global_rank(local_rank);
+  place.local_rank = local_rank;
+  place.world_size = world_size;
+  place.local_world_size = local_world_size;
+  place.group_rank = machine_rank;
+  place.master_addr = master_addr;
+  place.master_port = master_port;
+  // The contract comes after the plan's own variables, so it wins where both set one.
   auto env = this->env;
-  env.emplace_back("RANK", std::to_string(global_rank(local_rank)));
-  env.emplace_back("LOCAL_RANK", std::to_string(local_rank));
-  env.emplace_back("WORLD_SIZE", std::to_string(world_size));
-  env.emplace_back("LOCAL_WORLD_SIZE", std::to_string(local_world_size));
-  env.emplace_back("GROUP_RANK", std::to_string(machine_rank));
-  env.emplace_back("MASTER_ADDR", master_addr);
-  env.emplace_back("MASTER_PORT", std::to_string(master_port));
+  for (auto& kv : detail::torchrun_env(place)) env.push_back(std::move(kv));
   env.emplace_back("HASTEN_LAUNCHED", "1");
   return env;
-}
-
-int pick_free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = 0;
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    socklen_t len = sizeof addr;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
-
-bool port_is_free(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  ::close(fd);
-  return ok;
 }
 
 int run_workers(const LaunchPlan& plan) {
@@ -324,7 +282,7 @@ int run_workers(const LaunchPlan& plan) {
       if (failed && first_failure < 0 && !stopping) {
         first_failure = static_cast<int>(i);
         if (plan.world_size > 1)  // with one worker its own output says what happened
-          std::cerr << "hasten launch: rank " << w.rank << " (pid " << w.pid << ") " << describe(status)
+          std::cerr << "hasten launch: " << detail::describe_worker_exit(w.rank, w.pid, status)
                     << "; stopping the other workers" << std::endl;
         signal_all(workers, SIGTERM);
         begin_stop();
@@ -350,14 +308,14 @@ int run_workers(const LaunchPlan& plan) {
           }
         }
       }
-  if (first_failure >= 0) return exit_code_of(workers[static_cast<size_t>(first_failure)].status);
+  if (first_failure >= 0) return detail::exit_code_of(workers[static_cast<size_t>(first_failure)].status);
   if (forwarded_signal != 0) {
     for (auto& w : workers)
-      if (!(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) return exit_code_of(w.status);
+      if (!(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) return detail::exit_code_of(w.status);
     return 128 + forwarded_signal;
   }
   for (auto& w : workers)
-    if (!(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) return exit_code_of(w.status);
+    if (!(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) return detail::exit_code_of(w.status);
   return 0;
 }
 

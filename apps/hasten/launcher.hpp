@@ -1,7 +1,8 @@
 // The local half of `hasten launch`: starts this machine's workers with the torchrun
 // environment contract, prefixes their output with the rank, forwards signals, and when one
 // worker fails stops the others (SIGTERM, then SIGKILL after a grace period) and returns the
-// failed worker's status.
+// failed worker's status. The environment contract, port checks and exit-status words are the
+// core's (hasten/detail/launch_contract.hpp), shared with hasten::launch.
 #pragma once
 
 #include <string>
@@ -30,10 +31,5 @@ struct LaunchPlan {
 
 // Runs the workers to completion; returns the exit status for the launcher.
 int run_workers(const LaunchPlan& plan);
-
-// A TCP port that nothing listens on now (bound and released).
-int pick_free_port();
-// Whether `port` can be bound on all interfaces now.
-bool port_is_free(int port);
 
 }  // namespace hasten::cli

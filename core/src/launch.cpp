@@ -1,12 +1,11 @@
-// The in-process launcher: fork workers, give each the torchrun environment contract, and
-// treat their exits as `hasten launch` does (first failure stops the others).
+// The in-process launcher: fork workers, give each the torchrun environment contract
+// (launch_contract.cpp, shared with `hasten launch`), and treat their exits as `hasten launch`
+// does (first failure stops the others).
+#include <hasten/detail/launch_contract.hpp>
 #include <hasten/error.hpp>
 #include <hasten/launch.hpp>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,40 +19,23 @@
 
 namespace hasten {
 
-namespace {
-
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  int port = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    socklen_t len = sizeof addr;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) port = ntohs(addr.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  if (port == 0) throw Error("hasten::launch: cannot find a free port for the rendezvous");
-  return port;
-}
-
-std::string describe(int status) {
-  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
-  return "ended with status " + std::to_string(status);
-}
-
-}  // namespace
-
 void launch(const std::function<void()>& fn, const LaunchOptions& options) {
   const int n = options.num_processes;
   if (n < 1) throw Error("hasten::launch: num_processes must be >= 1, got " + std::to_string(n));
-  const std::string port = std::to_string(free_port());
+  // Workers of one machine rendezvous on the loopback address.
+  const int port = detail::pick_free_port(/*loopback_only=*/true);
+  if (port == 0) throw Error("hasten::launch: cannot find a free port for the rendezvous");
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);
   std::vector<pid_t> pids(static_cast<size_t>(n), -1);
   for (int r = 0; r < n; ++r) {
+    detail::WorkerPlace place;
+    place.rank = place.local_rank = r;
+    place.world_size = place.local_world_size = n;
+    place.master_addr = "127.0.0.1";
+    place.master_port = port;
+    const auto contract = detail::torchrun_env(place);  // the caller's env entries win over it
     const pid_t pid = ::fork();
     if (pid < 0) {
       for (pid_t p : pids)
@@ -61,13 +43,7 @@ void launch(const std::function<void()>& fn, const LaunchOptions& options) {
       throw Error(std::string("hasten::launch: fork failed: ") + std::strerror(errno));
     }
     if (pid == 0) {
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
-      ::setenv("GROUP_RANK", "0", 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", port.c_str(), 1);
+      for (auto& [k, v] : contract) ::setenv(k.c_str(), v.c_str(), 1);
       for (auto& [k, v] : options.env) ::setenv(k.c_str(), v.c_str(), 1);
       int code = 0;
       try {
@@ -124,8 +100,8 @@ void launch(const std::function<void()>& fn, const LaunchOptions& options) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (failed >= 0)
-    throw Error("hasten::launch: rank " + std::to_string(failed) + " (pid " + std::to_string(pids[static_cast<size_t>(failed)]) +
-                ") " + describe(status[static_cast<size_t>(failed)]));
+    throw Error("hasten::launch: " + detail::describe_worker_exit(failed, pids[static_cast<size_t>(failed)],
+                                                                  status[static_cast<size_t>(failed)]));
   if (timed_out)
     throw Error("hasten::launch: the workers did not finish within " + std::to_string(options.timeout_s) + " s");
 }
