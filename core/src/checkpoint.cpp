@@ -36,6 +36,9 @@ std::string model_file(size_t i) { return indexed("model", i, ".safetensors"); }
 std::string optimizer_file(size_t i, int rank) {
   return indexed("optimizer", i, rank < 0 ? ".bin" : ".rank" + std::to_string(rank) + ".bin");
 }
+std::string gradients_file(size_t i, int rank) {
+  return indexed("gradients", i, ".rank" + std::to_string(rank) + ".safetensors");
+}
 std::string rng_file(int rank) { return "random_states_" + std::to_string(rank) + ".safetensors"; }
 std::string custom_file(size_t i, bool tensors) {
   return "custom_checkpoint_" + std::to_string(i) + (tensors ? ".safetensors" : ".bin");
@@ -176,6 +179,23 @@ std::string Engine::save_state(const std::string& requested) {
       });
   }
   const bool per_rank = s.strategy->has_load_state_dict();  // it shards: so does optimizer state
+  // In the middle of an accumulation window the gradients accumulated so far are part of the
+  // state: each rank's own (not yet synchronised) gradients are saved, where the strategy
+  // keeps them in the parameters.
+  const bool mid_window = s.accum_step % std::max(1, s.config.gradient_accumulation_steps) != 0;
+  if (mid_window && per_rank && main)
+    get_logger()->warn("save_state: called in the middle of an accumulation window under {}: the partial gradients "
+                       "are not saved, so a run resumed here differs from one that went on; save after a "
+                       "synchronising step (when sync_gradients() is true)",
+                       s.strategy->name());
+  if (mid_window && !per_rank)
+    for (size_t i = 0; i < s.models.size(); ++i)
+      attempt([&] {
+        NamedTensors grads;
+        for (auto& named : s.models[i].module->named_parameters())
+          if (named.value().grad().defined()) grads.emplace_back(named.key(), named.value().grad());
+        files.push_back(write_file(tmp, gradients_file(i, rank), [&](const ByteSink& sink) { write_safetensors(grads, {}, sink); }));
+      });
   for (size_t i = 0; i < s.optimizers.size(); ++i)
     if (per_rank || main)
       attempt([&] {
@@ -348,6 +368,25 @@ std::string Engine::load_state(const std::string& requested) {
     load_optimizer_bytes(*s.optimizers[i].optimizer, read_file(file), file.string());
   }
   if (fs::exists(dir / rng_file(rank))) set_rng_state(load_safetensors((dir / rng_file(rank)).string()));
+  for (size_t i = 0; i < s.models.size(); ++i) {
+    const fs::path file = dir / gradients_file(i, rank);
+    if (!fs::exists(file)) continue;
+    if (saved_world != world)
+      throw Error("load_state: '" + dir.string() + "' was saved in the middle of an accumulation window by " +
+                  std::to_string(saved_world) + " ranks; its partial gradients load only on as many ranks");
+    std::map<std::string, torch::Tensor> grads;
+    for (auto& [name, g] : load_safetensors(file.string())) grads[name] = g;
+    torch::NoGradGuard no_grad;
+    for (auto& named : s.models[i].module->named_parameters()) {
+      auto it = grads.find(named.key());
+      if (it == grads.end()) continue;
+      torch::Tensor& p = named.value();
+      if (p.grad().defined())
+        p.mutable_grad().copy_(it->second);
+      else
+        p.mutable_grad() = it->second.to(p.device()).clone();
+    }
+  }
   for (size_t i = 0; i < s.checkpoint_objects.size(); ++i) {
     auto& o = s.checkpoint_objects[i];
     const bool tensors = state["custom"][i] == "tensors";
