@@ -138,3 +138,128 @@ TEST(Checkpoint, ExactResumeDdp) { exact_resume("ddp", 2); }
 TEST(Checkpoint, ExactResumeDdpMidWindow) { exact_resume("ddp", 2, 19); }
 TEST(Checkpoint, ExactResumeZero3) { exact_resume("zero3", 2); }
 TEST(Checkpoint, ExactResumeFsdp) { exact_resume("fsdp", 2); }
+
+namespace {
+
+// One process, one step between saves: enough to make checkpoints that differ.
+struct SmallRun {
+  explicit SmallRun(const fs::path& project, int total_limit = 0, bool automatic = true) {
+    Options o;
+    o.project_dir = project.string();
+    o.automatic_checkpoint_naming = automatic;
+    o.total_limit = total_limit;
+    acc = std::make_unique<Accelerator>(o);
+    torch::manual_seed(1);
+    net = torch::nn::Linear(4, 2);
+    adam = std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(0.1));
+    auto prepared = acc->prepare(net, *adam);
+    model = std::make_unique<hasten::PreparedModel<torch::nn::Linear>>(std::get<0>(prepared));
+  }
+  void step() {
+    acc->backward(model->operator()(torch::ones({3, 4})).pow(2).sum());
+    adam->step();
+    adam->zero_grad();
+  }
+  std::unique_ptr<Accelerator> acc;
+  torch::nn::Linear net{nullptr};
+  std::unique_ptr<torch::optim::Adam> adam;
+  std::unique_ptr<hasten::PreparedModel<torch::nn::Linear>> model;
+};
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const hasten::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+void flip_a_byte(const fs::path& file, size_t at) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x40);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(&c, 1);
+}
+
+}  // namespace
+
+TEST(Checkpoint, TotalLimitKeepsTheNewestAndNumberingContinuesAfterLoad) {
+  hasten::test::TempDir dir;
+  {
+    SmallRun run(dir.path(), 2);
+    for (int i = 0; i < 4; ++i) {
+      run.step();
+      EXPECT_EQ(run.acc->save_state(), (dir.path() / "checkpoints" / ("checkpoint_" + std::to_string(i))).string());
+    }
+  }
+  std::vector<std::string> left;
+  for (auto& e : fs::directory_iterator(dir.path() / "checkpoints")) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"checkpoint_2", "checkpoint_3"}));
+  SmallRun again(dir.path(), 2);
+  EXPECT_EQ(again.acc->load_state(), (dir.path() / "checkpoints" / "checkpoint_3").string());
+  EXPECT_EQ(again.acc->save_iteration(), 4);
+  // Saving again without loading first would overwrite history: refused, loudly.
+  SmallRun fresh(dir.path(), 2);
+  const std::string e = error_of([&] { fresh.acc->save_state(); });
+  EXPECT_EQ(e, "(no error)");  // checkpoint_0 was pruned, so the name is free
+}
+
+TEST(Checkpoint, DamagedCheckpointsAreRefusedAndTheNewestCompleteOneIsLoaded) {
+  hasten::test::TempDir dir;
+  const fs::path ckpts = dir.path() / "checkpoints";
+  torch::Tensor weight_at_1;
+  {
+    SmallRun run(dir.path());
+    for (int i = 0; i < 3; ++i) {
+      run.step();
+      run.acc->save_state();
+      if (i == 1) weight_at_1 = run.net->weight.detach().clone();
+    }
+  }
+  // A bit flipped in the newest: refused by name, and load_state() falls back to checkpoint_1.
+  flip_a_byte(ckpts / "checkpoint_2" / "model.safetensors", 100);
+  SmallRun run(dir.path());
+  std::string e = error_of([&] { run.acc->load_state((ckpts / "checkpoint_2").string()); });
+  EXPECT_NE(e.find("model.safetensors' does not match its checksum (corrupt)"), std::string::npos) << e;
+  EXPECT_EQ(run.acc->load_state(), (ckpts / "checkpoint_1").string());
+  EXPECT_TRUE(torch::equal(run.net->weight, weight_at_1));
+  EXPECT_EQ(run.acc->save_iteration(), 2);
+  // Truncated, missing manifest, a save that died (temporary directory), nothing left.
+  fs::resize_file(ckpts / "checkpoint_1" / "optimizer.bin", 10);
+  e = error_of([&] { run.acc->load_state((ckpts / "checkpoint_1").string()); });
+  EXPECT_NE(e.find("optimizer.bin' has 10 bytes, the manifest says"), std::string::npos) << e;
+  fs::remove(ckpts / "checkpoint_0" / "manifest.json");
+  e = error_of([&] { run.acc->load_state((ckpts / "checkpoint_0").string()); });
+  EXPECT_NE(e.find("has no manifest.json (it is incomplete"), std::string::npos) << e;
+  fs::create_directories(ckpts / ".checkpoint_3.saving");
+  e = error_of([&] { run.acc->load_state(); });
+  EXPECT_NE(e.find("no complete checkpoint under '" + ckpts.string() + "' (3 damaged or incomplete"), std::string::npos) << e;
+  e = error_of([&] { run.acc->load_state((dir.path() / "nowhere").string()); });
+  EXPECT_NE(e.find("has no manifest.json"), std::string::npos) << e;
+}
+
+TEST(Checkpoint, AnExplicitDirectoryIsReplacedAtomicallyAndMismatchesAreNamed) {
+  hasten::test::TempDir dir;
+  const fs::path target = dir.path() / "mine";
+  Options o;
+  o.project_dir = dir.path().string();
+  SmallRun run(dir.path(), 0, /*automatic=*/false);
+  run.step();
+  EXPECT_EQ(run.acc->save_state(target.string()), target.string());
+  run.step();
+  run.acc->save_state(target.string());  // again: the new one replaces the old
+  EXPECT_TRUE(fs::exists(target / "manifest.json"));
+  EXPECT_FALSE(fs::exists(dir.path() / "mine.replaced"));
+  // A program that prepared something else is told what differs.
+  Accelerator other(o);
+  torch::nn::Linear small(4, 2), extra(2, 2);
+  auto prepared = other.prepare(small, extra);
+  (void)prepared;
+  const std::string e = error_of([&] { other.load_state(target.string()); });
+  EXPECT_NE(e.find("the checkpoint holds 1 models, this program prepared 2"), std::string::npos) << e;
+}
