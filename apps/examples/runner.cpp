@@ -9,6 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -22,8 +26,28 @@ using Clock = std::chrono::steady_clock;
 namespace W = hasten::workloads;
 
 
+// Tests of automatic restart: HASTEN_TEST_KILL_AT_STEP=S kills rank HASTEN_TEST_KILL_RANK
+// (default 1) with SIGKILL after step S, in the first attempt of a launch only.
+void kill_for_tests(const hasten::Accelerator& acc, int64_t step) {
+  const char* at = std::getenv("HASTEN_TEST_KILL_AT_STEP");
+  if (at == nullptr || std::atoll(at) != step) return;
+  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  if (attempt != nullptr && std::string(attempt) != "0") return;
+  const char* rank = std::getenv("HASTEN_TEST_KILL_RANK");
+  if (acc.process_index() == (rank != nullptr ? std::atoi(rank) : 1)) ::raise(SIGKILL);
+}
+
+// The step count, saved in every checkpoint so that a resumed run knows where it is.
+struct StepCounter {
+  int64_t value = 0;
+  std::string state_dict() const { return std::to_string(value); }
+  void load_state_dict(const std::string& bytes) { value = std::stoll(bytes); }
+};
+
 struct Result {
   std::vector<double> losses;  // per step, averaged over ranks
+  std::string param_checksum;  // SHA-256 of the final full parameters (hasten runs)
+  int64_t resumed_at = -1;     // the step the run continued from (-1: it started fresh)
   double timed_s = 0;
   int64_t timed_steps = 0;
   std::vector<double> peak_rss_mb;
@@ -105,10 +129,28 @@ Result train_hasten(const Args& a, int64_t batch, int64_t total) {
                                   {"strategy", acc.strategy()},
                                   {"gradient_accumulation_steps", int64_t{acc.gradient_accumulation_steps()}},
                                   {"num_processes", int64_t{acc.num_processes()}}});
+  StepCounter counter;
+  acc.register_for_checkpointing(counter);
+  int64_t& step = counter.value;
+  Result r;
+  if (a.resume) {
+    // Any checkpoint directory means there is something to continue from: load_state then
+    // takes the newest complete one or says why none can be loaded.
+    bool any = false;
+    std::error_code ec;
+    const auto dir = std::filesystem::path(acc.config().project_dir) / "checkpoints";
+    if (std::filesystem::is_directory(dir, ec))
+      for (auto& e : std::filesystem::directory_iterator(dir, ec))
+        any = any || e.path().filename().string().rfind("checkpoint_", 0) == 0;
+    if (any) {
+      const std::string from = acc.load_state();
+      r.resumed_at = step;
+      if (!a.json) acc.print("resumed at step ", step, " from ", from);
+    }
+  }
   std::vector<torch::Tensor> losses;
   losses.reserve(static_cast<size_t>(total));
   Clock::time_point t0 = Clock::now(), last = t0;
-  int64_t step = 0;
   while (step < total) {
     for (auto& b : loader) {
       if (step == a.warmup) t0 = Clock::now();
@@ -128,19 +170,22 @@ Result train_hasten(const Args& a, int64_t batch, int64_t total) {
         if (!a.json) acc.print("step ", step, "/", total, "  loss ", l, "  samples/s ", static_cast<int64_t>(sps));
         if (tracking) acc.log({{"loss", l}, {"samples_per_s", sps}}, step);
       }
+      if (a.checkpoint_every > 0 && step % a.checkpoint_every == 0) acc.save_state();
+      kill_for_tests(acc, step);
       if (step >= total) break;
     }
   }
-  Result r;
   r.timed_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.timed_steps = total - a.warmup;
+  r.timed_steps = std::max<int64_t>(0, total - std::max(a.warmup, r.resumed_at));
   r.world_size = acc.num_processes();
   r.rank = acc.process_index();
   r.precision = acc.mixed_precision();
   r.accumulation = acc.gradient_accumulation_steps();
   // Every rank's losses, averaged (for ddp: the loss of the global batch).
-  auto all = acc.reduce(torch::stack(losses).to(torch::kDouble), "mean");
-  r.losses.assign(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
+  if (!losses.empty()) {  // a run resumed at its last step has none (the same on every rank)
+    auto all = acc.reduce(torch::stack(losses).to(torch::kDouble), "mean");
+    r.losses.assign(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
+  }
   auto rss = acc.gather(torch::tensor({W::peak_rss_mb()}, torch::kDouble));
   r.peak_rss_mb.assign(rss.data_ptr<double>(), rss.data_ptr<double>() + rss.numel());
   r.strategy = acc.strategy();
@@ -161,12 +206,15 @@ Result train_hasten(const Args& a, int64_t batch, int64_t total) {
     m.peak_optimizer = all_fields[k][6].item<int64_t>();
     r.memory_per_rank.push_back(to_json(m));
   }
-  if (!a.params_out.empty()) {
+  {
     auto state = acc.get_state_dict(net);  // every rank takes part; rank 0 gets the tensors
-    if (acc.is_main_process()) hasten::save_safetensors(a.params_out, state);
+    if (acc.is_main_process()) {
+      r.param_checksum = hasten::param_checksum(state);
+      if (!a.params_out.empty()) hasten::save_safetensors(a.params_out, state);
+    }
   }
   if (tracking) {
-    acc.log({{"final_loss", r.losses.back()}}, step);
+    if (!r.losses.empty()) acc.log({{"final_loss", r.losses.back()}}, step);
     acc.end_training();
   }
   return r;
@@ -203,7 +251,7 @@ int run(const Args& a) {
   rec["steps_per_s"] = steps_per_s;
   rec["samples_per_s"] = steps_per_s * static_cast<double>(batch * r.world_size);
   rec["peak_rss_mb"] = r.peak_rss_mb;
-  rec["final_loss"] = r.losses.back();
+  rec["final_loss"] = r.losses.empty() ? std::nan("") : r.losses.back();
   rec["losses_first5"] = std::vector<double>(r.losses.begin(), r.losses.begin() + std::min<size_t>(5, r.losses.size()));
   rec["samples_per_s_per_rank"] = steps_per_s * static_cast<double>(batch);
   rec["B"] = batch;
@@ -217,6 +265,8 @@ int run(const Args& a) {
   rec["blas"] = blas.library == "openblas" ? "openblas:" + blas.core : blas.library;
   if (a.impl == "hasten") {
     rec["strategy"] = r.strategy;
+    rec["param_checksum"] = r.param_checksum;
+    rec["resumed_at"] = r.resumed_at;
     rec["memory"] = r.memory;
     rec["memory_per_rank"] = r.memory_per_rank;
   }
@@ -224,7 +274,7 @@ int run(const Args& a) {
     std::cout << rec.dump() << std::endl;
   } else {
     std::cout << "done: " << a.workload << " " << mode << ", " << total << " steps, final loss "
-              << r.losses.back() << ", " << steps_per_s << " steps/s ("
+              << (r.losses.empty() ? std::nan("") : r.losses.back()) << ", " << steps_per_s << " steps/s ("
               << rec["samples_per_s"].get<double>() << " samples/s)" << std::endl;
   }
   if (!a.losses_out.empty()) {

@@ -35,6 +35,12 @@ int main(int argc, char** argv) {
   app.add_flag("--units", a.units, "Declare every Linear (MLP) or encoder layer (gpt-tiny) a sharding unit");
   app.add_option("--clip", a.clip, "clip_grad_norm_ to this norm on synchronising steps");
   app.add_option("--params-out,--params_out", a.params_out, "Write the final parameters here (safetensors)");
+  std::string project_dir;
+  app.add_option("--project_dir,--project-dir", project_dir, "Where checkpoints (and tracker logs) go");
+  app.add_option("--checkpoint_every,--checkpoint-every", a.checkpoint_every,
+                 "save_state every N steps into <project_dir>/checkpoints")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--resume", a.resume, "Continue from the newest complete checkpoint under <project_dir> (if any)");
   std::string config_file, mp, strategy;
   int accum = 0;
   std::vector<std::string> trackers;
@@ -61,6 +67,7 @@ int main(int argc, char** argv) {
     }
     a.options.set.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
   }
+  if (!project_dir.empty()) a.options.project_dir = project_dir;
   if (!config_file.empty()) a.options.config_file = config_file;
   if (!mp.empty()) a.options.mixed_precision = mp;
   if (accum > 0) a.options.gradient_accumulation_steps = accum;

@@ -123,7 +123,29 @@ int launch(const LaunchFlags& flags) {
     if (!plan.log_dir.empty()) std::cout << "per-rank logs: " << plan.log_dir << "/rank_<r>.log\n";
     return 0;
   }
-  return run_workers(plan);
+  if (config.max_restarts > 0 && config.num_machines > 1)
+    throw ConfigError("config error: max_restarts " + std::to_string(config.max_restarts) +
+                      " needs num_machines 1 (restarting across machines is not supported yet)");
+  // torchrun's --max_restarts: a failed worker stops the others and all start again, up to
+  // max_restarts times; the workers learn the attempt from TORCHELASTIC_RESTART_COUNT (a
+  // program resumes from its newest checkpoint: hasten-example --resume, load_state()).
+  for (int attempt = 0;; ++attempt) {
+    LaunchPlan run = plan;
+    run.env.emplace_back("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt));
+    run.env.emplace_back("TORCHELASTIC_MAX_RESTARTS", std::to_string(config.max_restarts));
+    bool interrupted = false;
+    const int rc = run_workers(run, &interrupted);
+    if (rc == 0 || interrupted || attempt >= config.max_restarts) {
+      if (rc != 0 && config.max_restarts > 0 && !interrupted)
+        std::cerr << "hasten launch: giving up after " << config.max_restarts << " restart"
+                  << (config.max_restarts == 1 ? "" : "s") << std::endl;
+      return rc;
+    }
+    std::cerr << "hasten launch: restart " << attempt + 1 << " of " << config.max_restarts
+              << ": starting all workers again" << std::endl;
+    if (config.num_machines == 1 && !detail::port_is_free(plan.master_port))
+      plan.master_port = detail::pick_free_port(/*loopback_only=*/false);  // the old store may linger
+  }
 }
 
 }  // namespace
@@ -146,6 +168,7 @@ void add_launch_command(CLI::App& app, Action& action) {
       {"--machine_rank,--machine-rank", "machine_rank", "This machine's index"},
       {"--main_process_ip,--main-process-ip", "main_process_ip", "Address of the machine of rank 0"},
       {"--main_process_port,--main-process-port", "main_process_port", "Rendezvous port (0: a free one)"},
+      {"--max_restarts,--max-restarts", "max_restarts", "Restart all workers up to N times after a failure"},
       {"--num_cpu_threads_per_process,--num-cpu-threads-per-process", "num_cpu_threads_per_process",
        "OMP_NUM_THREADS and OPENBLAS_NUM_THREADS of each worker"},
       {"--mixed_precision,--mixed-precision", "mixed_precision", "no, fp16 or bf16"},

@@ -130,7 +130,7 @@ std::vector<std::pair<std::string, std::string>> LaunchPlan::worker_env(int loca
   return env;
 }
 
-int run_workers(const LaunchPlan& plan) {
+int run_workers(const LaunchPlan& plan, bool* interrupted) {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
@@ -308,6 +308,7 @@ int run_workers(const LaunchPlan& plan) {
           }
         }
       }
+  if (interrupted != nullptr) *interrupted = forwarded_signal != 0;
   if (first_failure >= 0) return detail::exit_code_of(workers[static_cast<size_t>(first_failure)].status);
   if (forwarded_signal != 0) {
     for (auto& w : workers)

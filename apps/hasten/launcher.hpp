@@ -29,7 +29,8 @@ struct LaunchPlan {
   std::vector<std::pair<std::string, std::string>> worker_env(int local_rank) const;
 };
 
-// Runs the workers to completion; returns the exit status for the launcher.
-int run_workers(const LaunchPlan& plan);
+// Runs the workers to completion; returns the exit status for the launcher. *interrupted
+// (when given) tells whether the launcher itself was signalled (SIGINT, SIGTERM, SIGHUP).
+int run_workers(const LaunchPlan& plan, bool* interrupted = nullptr);
 
 }  // namespace hasten::cli

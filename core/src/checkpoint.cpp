@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -177,6 +179,15 @@ std::string Engine::save_state(const std::string& requested) {
           write_safetensors(full, {{"format", "pt"}}, sink);
         }));
       });
+  }
+  // Tests only: HASTEN_TEST_CRASH_IN_SAVE=N kills rank HASTEN_TEST_CRASH_RANK (default 0) with
+  // SIGKILL in the middle of its N-th save, after its model files are written.
+  {
+    static int saves = 0;
+    ++saves;
+    const char* n = std::getenv("HASTEN_TEST_CRASH_IN_SAVE");
+    const char* r = std::getenv("HASTEN_TEST_CRASH_RANK");
+    if (n != nullptr && std::atoi(n) == saves && rank == (r != nullptr ? std::atoi(r) : 0)) ::raise(SIGKILL);
   }
   const bool per_rank = s.strategy->has_load_state_dict();  // it shards: so does optimizer state
   // In the middle of an accumulation window the gradients accumulated so far are part of the

@@ -170,6 +170,7 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
   c.split_batches = merged["split_batches"].get<bool>();
   c.even_batches = merged["even_batches"].get<bool>();
   c.num_cpu_threads_per_process = merged["num_cpu_threads_per_process"].get<int>();
+  c.max_restarts = merged["max_restarts"].get<int>();
   c.tee = merged["tee"].get<bool>();
   c.log_dir = get_str(merged, "log_dir");
   for (auto& t : merged["trackers"]) c.trackers.push_back(t.get<std::string>());

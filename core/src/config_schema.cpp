@@ -90,6 +90,8 @@ const Schema& core_schema() {
       {"even_batches", T::Bool, true, {}, {}, {},
        "Pad the last round so every process gets the same number of full batches"},
       {"num_cpu_threads_per_process", T::Int, 0, {}, 0.0, {}, "Intra-op threads per worker (0: cores / local workers)"},
+      {"max_restarts", T::Int, 0, {}, 0.0, {},
+       "hasten launch restarts every worker this many times after one fails (one machine; torchrun's meaning)"},
       {"tee", T::Bool, false, {}, {}, {}, "hasten launch also writes each rank's output to log_dir"},
       {"log_dir", T::String, "", {}, {}, {}, "Where hasten launch writes per-rank logs"},
   };

@@ -84,6 +84,7 @@ struct Config {
   bool split_batches = false;
   bool even_batches = true;
   int num_cpu_threads_per_process = 0;  // 0: cores / local processes
+  int max_restarts = 0;  // hasten launch: restarts of all workers after a failure
   bool tee = false;
   std::string log_dir;
 

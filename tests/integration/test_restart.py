@@ -1,0 +1,90 @@
+"""Checkpoints end to end through hasten-example and hasten launch:
+- automatic restart: a worker SIGKILLed after step 25 of 60, `--max_restarts 1`, a checkpoint
+  every 10 steps, `--resume`: the run ends with status 0 and the uninterrupted run's
+  param_checksum (SHA-256 of the final parameters, checked here against Python's hashlib);
+- a worker SIGKILLed in the middle of a save leaves the previous checkpoint complete, and a
+  resumed run continues from it to the same parameters;
+- /usr/bin/python3 reads the checkpoint's model.safetensors (the format's own rules, no
+  library) and gets the parameters whose SHA-256 is the run's param_checksum."""
+import hashlib
+import json
+import os
+import struct
+import tempfile
+
+import harness as h
+
+BASE = ["--workload", "mlp-small", "--steps", "60", "--warmup", "0", "--log-every", "0", "--json"]
+
+
+def launch(*args, env=None, check=True):
+    cmd = h.hasten("launch", "--num_processes", "2", "--main_process_port", "0", *args)
+    return h.run(cmd, env=env, check=check)
+
+
+def summary(p):
+    for line in p.stdout.splitlines():
+        line = line.removeprefix("[rank 0] ")  # hasten launch prefixes each rank's output
+        if line.startswith("{"):
+            return json.loads(line)
+    h.fail(f"no JSON summary in the output:\n{p.stdout}\n{p.stderr}")
+
+
+def read_safetensors(path):
+    """name -> raw bytes, straight from the format: u64 header size, JSON header, data."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    if header.get("__metadata__", {}).get("format") != "pt":
+        h.fail(f"{path}: __metadata__ lacks format: pt: {header.get('__metadata__')}")
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        out[name] = blob[8 + n + begin:8 + n + end]
+    return out
+
+
+whole = summary(launch(h.example()[0], *BASE))
+want = whole["param_checksum"]
+if len(want) != 64:
+    h.fail(f"param_checksum is not a SHA-256: {want!r}")
+
+with tempfile.TemporaryDirectory() as d:
+    # 1. Automatic restart after a worker is killed.
+    project = os.path.join(d, "restart")
+    p = launch("--max_restarts", "1", h.example()[0], *BASE, "--project_dir", project, "--checkpoint_every", "10",
+               "--resume", env={"HASTEN_TEST_KILL_AT_STEP": "25"})
+    s = summary(p)
+    if "rank 1" not in p.stderr or "restart 1 of 1" not in p.stderr:
+        h.fail(f"the launcher did not report the failure and the restart:\n{p.stderr}")
+    if s["resumed_at"] != 20 or s["param_checksum"] != want:
+        h.fail(f"restarted run: resumed at {s['resumed_at']} (want 20), checksum {s['param_checksum']} (want {want})")
+    print(f"ok: killed at step 25, restarted from step 20, param_checksum equal ({want[:16]}...)")
+
+    # The checkpoint's weights, read by Python, hash to the run's checksum at that step.
+    ckpt = os.path.join(project, "checkpoints", "checkpoint_5")
+    tensors = read_safetensors(os.path.join(ckpt, "model.safetensors"))
+    digest = hashlib.sha256(b"".join(tensors[k] for k in sorted(tensors))).hexdigest()
+    if digest != want:
+        h.fail(f"hashlib over checkpoint_5/model.safetensors is {digest}, the run's param_checksum is {want}")
+    manifest = json.load(open(os.path.join(ckpt, "manifest.json")))
+    if not manifest.get("complete") or "model.safetensors" not in manifest["files"]:
+        h.fail(f"manifest: {manifest}")
+    print("ok: Python reads model.safetensors; its SHA-256 is the run's param_checksum")
+
+    # 2. Killed while saving (rank 0, third save = step 30): the previous checkpoint survives.
+    project = os.path.join(d, "crash")
+    p = launch(h.example()[0], *BASE, "--project_dir", project, "--checkpoint_every", "10",
+               env={"HASTEN_TEST_CRASH_IN_SAVE": "3"}, check=False)
+    if p.returncode == 0:
+        h.fail("a run whose rank 0 was killed during a save exited 0")
+    names = sorted(os.listdir(os.path.join(project, "checkpoints")))
+    if [n for n in names if n.startswith("checkpoint_")] != ["checkpoint_0", "checkpoint_1"]:
+        h.fail(f"after a crash in the third save the checkpoints are {names}")
+    s = summary(launch(h.example()[0], *BASE, "--project_dir", project, "--checkpoint_every", "10", "--resume"))
+    if s["resumed_at"] != 20 or s["param_checksum"] != want:
+        h.fail(f"resumed after a crash in save: at {s['resumed_at']}, checksum {s['param_checksum']} (want {want})")
+    print(f"ok: killed during a save; the previous checkpoint loaded ({names}), same final parameters")
