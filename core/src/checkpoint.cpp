@@ -18,7 +18,12 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
+#include <tuple>
 #include <sstream>
+
+#define HASTEN_PLUGIN_TORCH_TIER 1  // sdk::param_state, set_param_state
+#include <hasten/plugin.hpp>
 
 #include "checkpoint_files.hpp"
 #include "engine_state.hpp"
@@ -64,6 +69,98 @@ void load_optimizer_bytes(torch::optim::Optimizer& optimizer, const std::string&
   } catch (const c10::Error& e) {
     throw Error("load_state: '" + file + "' does not fit the prepared optimizer (another optimizer type or other "
                 "parameters?): " + std::string(e.what_without_backtrace()).substr(0, 300));
+  }
+}
+
+std::string optimizer_pieces_file(size_t i, int rank) {
+  return indexed("optimizer", i, ".rank" + std::to_string(rank) + ".safetensors");
+}
+
+// This rank's optimizer state of model `m`'s parameters in the portable layout (plugin.h,
+// strategy slot optimizer_state), names prefixed with "<m>:". Throws Error (unsupported) for
+// an optimizer type whose state hasten cannot read.
+NamedTensors optimizer_pieces(StrategyInstance& strategy, int rank, torch::optim::Optimizer& optimizer,
+                              torch::nn::Module& module, size_t m) {
+  NamedTensors pieces;
+  if (strategy.has_optimizer_state()) {
+    pieces = strategy.optimizer_state(optimizer, module);
+  } else if (rank == 0) {  // unsharded: every rank holds the same state
+    std::set<const void*> stepped;
+    for (auto& group : optimizer.param_groups())
+      for (auto& p : group.params()) stepped.insert(p.unsafeGetTensorImpl());
+    for (auto& named : module.named_parameters()) {
+      if (!stepped.count(named.value().unsafeGetTensorImpl())) continue;
+      for (auto& [key, value] : sdk::param_state(optimizer, named.value())) {
+        const torch::Tensor v = value.detach();
+        if (v.dim() == 0)
+          pieces.emplace_back(named.key() + "/" + key, v);
+        else
+          pieces.emplace_back(named.key() + "/" + key + "@0:" + std::to_string(v.numel()), v.reshape(-1));
+      }
+    }
+  }
+  for (auto& [name, value] : pieces) name = std::to_string(m) + ":" + name;
+  return pieces;
+}
+
+// Every saved rank's pieces of optimizer i, assembled into full state per model:
+// model -> ("<param>/<key>", full 1-D tensor or 0-d scalar).
+std::map<size_t, NamedTensors> assemble_optimizer(const fs::path& dir, size_t i, int saved_world) {
+  struct Full {
+    torch::Tensor scalar;
+    std::vector<std::tuple<int64_t, torch::Tensor>> pieces;
+    int64_t numel = 0;
+  };
+  std::map<std::string, Full> all;
+  for (int r = 0; r < saved_world; ++r) {
+    const fs::path file = dir / optimizer_pieces_file(i, r);
+    if (!fs::exists(file)) continue;  // a rank that held none
+    for (auto& [name, value] : load_safetensors(file.string())) {
+      const auto at = name.rfind('@');
+      if (at == std::string::npos) {
+        all[name].scalar = value;
+        continue;
+      }
+      const auto colon = name.find(':', at);
+      if (colon == std::string::npos) throw Error("load_state: '" + file.string() + "': malformed piece name '" + name + "'");
+      const int64_t offset = std::stoll(name.substr(at + 1, colon - at - 1));
+      Full& f = all[name.substr(0, at)];
+      f.numel = std::max<int64_t>(f.numel, offset + value.numel());
+      f.pieces.emplace_back(offset, value);
+    }
+  }
+  std::map<size_t, NamedTensors> out;
+  for (auto& [name, f] : all) {
+    const auto colon = name.find(':');
+    const size_t model = static_cast<size_t>(std::stoul(name.substr(0, colon)));
+    torch::Tensor full = f.scalar;
+    if (!f.pieces.empty()) {
+      full = torch::zeros({f.numel}, std::get<1>(f.pieces.front()).options());
+      for (auto& [offset, piece] : f.pieces) full.narrow(0, offset, piece.numel()).copy_(piece);
+    }
+    out[model].emplace_back(name.substr(colon + 1), full);
+  }
+  return out;
+}
+
+// Sets the optimizer state of the model's own parameters from full state (unsharded).
+void set_optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& module, const NamedTensors& full) {
+  std::map<std::string, std::map<std::string, torch::Tensor>> by_param;
+  for (auto& [name, value] : full) {
+    const auto slash = name.rfind('/');
+    by_param[name.substr(0, slash)][name.substr(slash + 1)] = value;
+  }
+  std::set<const void*> stepped;
+  for (auto& group : optimizer.param_groups())
+    for (auto& p : group.params()) stepped.insert(p.unsafeGetTensorImpl());
+  for (auto& named : module.named_parameters()) {
+    auto it = by_param.find(named.key());
+    if (it == by_param.end() || !stepped.count(named.value().unsafeGetTensorImpl())) continue;
+    for (auto& [key, value] : it->second)
+      if (value.dim() > 0 && value.numel() != named.value().numel())
+        throw Error("load_state: optimizer state '" + named.key() + "/" + key + "' has " + std::to_string(value.numel()) +
+                    " elements, the parameter " + std::to_string(named.value().numel()));
+    sdk::set_param_state(optimizer, named.value(), it->second);
   }
 }
 
@@ -207,11 +304,36 @@ std::string Engine::save_state(const std::string& requested) {
           if (named.value().grad().defined()) grads.emplace_back(named.key(), named.value().grad());
         files.push_back(write_file(tmp, gradients_file(i, rank), [&](const ByteSink& sink) { write_safetensors(grads, {}, sink); }));
       });
-  for (size_t i = 0; i < s.optimizers.size(); ++i)
-    if (per_rank || main)
+  // Optimizers: the portable layout (state tensors by parameter name, in pieces), which loads
+  // on any number of ranks under any strategy; LibTorch's own archive for optimizer types
+  // hasten cannot read (it loads only where it was saved: same ranks, same strategy).
+  json optimizer_layouts = json::array();
+  for (size_t i = 0; i < s.optimizers.size(); ++i) {
+    torch::optim::Optimizer& optimizer = *s.optimizers[i].optimizer;
+    NamedTensors pieces;
+    bool portable = true;
+    try {
+      for (size_t m = 0; m < s.models.size(); ++m)
+        for (auto& piece : optimizer_pieces(*s.strategy, rank, optimizer, *s.models[m].module, m))
+          pieces.push_back(std::move(piece));
+    } catch (const sdk::Error& e) {  // from sdk::param_state, here in the host
+      if (e.status() != HASTEN_ERR_UNSUPPORTED) throw;
+      portable = false;
+    } catch (const PluginError& e) {  // from a strategy's optimizer_state
+      if (std::string(e.what()).find("(unsupported)") == std::string::npos) throw;
+      portable = false;
+    }
+    // Every rank must agree on the layout: the optimizer type is the same everywhere.
+    optimizer_layouts.push_back(portable ? "portable" : per_rank ? "per_rank" : "full");
+    if (portable && !pieces.empty())
       attempt([&] {
-        files.push_back(write_file(tmp, optimizer_file(i, per_rank ? rank : -1), optimizer_bytes(*s.optimizers[i].optimizer)));
+        files.push_back(write_file(tmp, optimizer_pieces_file(i, rank), [&](const ByteSink& sink) {
+          write_safetensors(pieces, {}, sink);
+        }));
       });
+    if (!portable && (per_rank || main))
+      attempt([&] { files.push_back(write_file(tmp, optimizer_file(i, per_rank ? rank : -1), optimizer_bytes(optimizer))); });
+  }
   attempt([&] {
     const NamedTensors rng = rng_state();
     files.push_back(write_file(tmp, rng_file(rank), [&](const ByteSink& sink) { write_safetensors(rng, {}, sink); }));
@@ -251,11 +373,17 @@ std::string Engine::save_state(const std::string& requested) {
     for (auto& sc : s.schedulers) schedulers.push_back(sc.steps);
     json custom = json::array();
     for (auto& o : s.checkpoint_objects) custom.push_back(o.save_tensors ? "tensors" : "bytes");
+    json lrs = json::array();  // each param group's learning rate (the portable layout has no groups)
+    for (auto& e : s.optimizers) {
+      json groups = json::array();
+      for (auto& g : e.optimizer->param_groups()) groups.push_back(g.options().get_lr());
+      lrs.push_back(groups);
+    }
     json state = {{"checkpoint", automatic ? json(s.save_iteration) : json(nullptr)},
                   {"strategy", s.strategy->name()},
                   {"world_size", world},
                   {"models", s.models.size()},
-                  {"optimizers", {{"count", s.optimizers.size()}, {"layout", per_rank ? "per_rank" : "full"}}},
+                  {"optimizers", {{"count", s.optimizers.size()}, {"layouts", optimizer_layouts}, {"lr", lrs}}},
                   {"schedulers", schedulers},
                   {"loaders", loaders},
                   {"accumulation", {{"step", s.accum_step}, {"window", s.window}}},
@@ -369,14 +497,31 @@ std::string Engine::load_state(const std::string& requested) {
                   " steps, more than the checkpoint's " + std::to_string(saved) + "; call load_state before training");
     for (; sc.steps < saved; ++sc.steps) sc.step_once();
   }
-  const bool per_rank = state["optimizers"].value("layout", "full") == "per_rank";
   for (size_t i = 0; i < s.optimizers.size(); ++i) {
-    if (per_rank && saved_world != world)
-      throw Error("load_state: '" + dir.string() + "' holds the optimizer state of " + std::to_string(saved_world) +
-                  " ranks, sharded by " + state.value("strategy", "?") + "; loading it on " + std::to_string(world) +
-                  " ranks (resharding optimizer state) is not supported yet");
+    torch::optim::Optimizer& optimizer = *s.optimizers[i].optimizer;
+    const std::string layout = state["optimizers"]["layouts"].at(i).get<std::string>();
+    if (layout == "portable") {
+      // Every saved rank's pieces, assembled and re-sliced for this run's ranks and strategy.
+      auto full = assemble_optimizer(dir, i, saved_world);
+      for (size_t m = 0; m < s.models.size(); ++m) {
+        const NamedTensors& mine = full[m];
+        if (s.strategy->has_load_optimizer_state())
+          s.strategy->load_optimizer_state(optimizer, *s.models[m].module, mine);
+        else
+          set_optimizer_state(optimizer, *s.models[m].module, mine);
+      }
+      const json& lrs = state["optimizers"]["lr"].at(i);
+      auto& groups = optimizer.param_groups();
+      for (size_t g = 0; g < groups.size() && g < lrs.size(); ++g) groups[g].options().set_lr(lrs[g].get<double>());
+      continue;
+    }
+    const bool per_rank = layout == "per_rank";
+    if (per_rank && (saved_world != world || state.value("strategy", "") != s.strategy->name()))
+      throw Error("load_state: '" + dir.string() + "' holds the state of an optimizer type hasten cannot read, saved by " +
+                  std::to_string(saved_world) + " ranks under " + state.value("strategy", "?") +
+                  "; it loads only on as many ranks under the same strategy");
     const fs::path file = dir / optimizer_file(i, per_rank ? rank : -1);
-    load_optimizer_bytes(*s.optimizers[i].optimizer, read_file(file), file.string());
+    load_optimizer_bytes(optimizer, read_file(file), file.string());
   }
   if (fs::exists(dir / rng_file(rank))) set_rng_state(load_safetensors((dir / rng_file(rank)).string()));
   for (size_t i = 0; i < s.models.size(); ++i) {

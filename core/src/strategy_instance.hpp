@@ -86,6 +86,31 @@ class StrategyInstance : public PluginInstance {
                                            static_cast<uint32_t>(names.size()));
     });
   }
+  bool has_optimizer_state() const { return vt().strategy.optimizer_state != nullptr; }
+  std::vector<std::pair<std::string, torch::Tensor>> optimizer_state(torch::optim::Optimizer& optimizer,
+                                                                     torch::nn::Module& model) {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    auto emit = [](void* ctx, const char* name, hasten_tensor* value) {
+      auto* v = static_cast<std::vector<std::pair<std::string, torch::Tensor>>*>(ctx);
+      v->emplace_back(name, *reinterpret_cast<torch::Tensor*>(value));
+    };
+    call("optimizer_state", [&] { return vt().strategy.optimizer_state(instance_, h(optimizer), h(model), emit, &out); });
+    return out;
+  }
+  bool has_load_optimizer_state() const { return vt().strategy.load_optimizer_state != nullptr; }
+  void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& model,
+                            const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+    std::vector<const char*> names;
+    std::vector<hasten_tensor*> values;
+    for (auto& [name, value] : tensors) {
+      names.push_back(name.c_str());
+      values.push_back(reinterpret_cast<hasten_tensor*>(const_cast<torch::Tensor*>(&value)));
+    }
+    call("load_optimizer_state", [&] {
+      return vt().strategy.load_optimizer_state(instance_, h(optimizer), h(model), names.data(), values.data(),
+                                                static_cast<uint32_t>(names.size()));
+    });
+  }
   bool has_clip_grad_norm() const { return vt().strategy.clip_grad_norm != nullptr; }
   double clip_grad_norm(torch::nn::Module& model, double max_norm, double norm_type) {
     double total = 0;

@@ -3,7 +3,9 @@
 // uninterrupted, for single, ddp, zero3 and fsdp, with a shuffled loader stopped mid-epoch,
 // accumulation of 2, dropout (RNG) and a scheduler; damaged checkpoints are refused and
 // load_state() falls back to the newest complete one; total_limit keeps the newest N.
+#define HASTEN_PLUGIN_TORCH_TIER 1  // sdk::param_state, to read Adam state by parameter
 #include <hasten/hasten.hpp>
+#include <hasten/plugin.hpp>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -230,9 +232,9 @@ TEST(Checkpoint, DamagedCheckpointsAreRefusedAndTheNewestCompleteOneIsLoaded) {
   EXPECT_TRUE(torch::equal(run.net->weight, weight_at_1));
   EXPECT_EQ(run.acc->save_iteration(), 2);
   // Truncated, missing manifest, a save that died (temporary directory), nothing left.
-  fs::resize_file(ckpts / "checkpoint_1" / "optimizer.bin", 10);
+  fs::resize_file(ckpts / "checkpoint_1" / "optimizer.rank0.safetensors", 10);
   e = error_of([&] { run.acc->load_state((ckpts / "checkpoint_1").string()); });
-  EXPECT_NE(e.find("optimizer.bin' has 10 bytes, the manifest says"), std::string::npos) << e;
+  EXPECT_NE(e.find("optimizer.rank0.safetensors' has 10 bytes, the manifest says"), std::string::npos) << e;
   fs::remove(ckpts / "checkpoint_0" / "manifest.json");
   e = error_of([&] { run.acc->load_state((ckpts / "checkpoint_0").string()); });
   EXPECT_NE(e.find("has no manifest.json (it is incomplete"), std::string::npos) << e;
@@ -262,4 +264,81 @@ TEST(Checkpoint, AnExplicitDirectoryIsReplacedAtomicallyAndMismatchesAreNamed) {
   (void)prepared;
   const std::string e = error_of([&] { other.load_state(target.string()); });
   EXPECT_NE(e.find("the checkpoint holds 1 models, this program prepared 2"), std::string::npos) << e;
+}
+
+namespace {
+
+// Loads the newest checkpoint under `project` (saved by any number of ranks under any
+// strategy) on this launch's ranks; then writes the full parameters and, with one rank, the
+// Adam state of every parameter by name to `out`, or saves a new checkpoint under `resave`.
+void load_and_dump(const std::string& strategy, const fs::path& project, const fs::path& out, const fs::path& resave) {
+  Options o;
+  o.strategy = strategy;
+  o.project_dir = project.string();
+  Accelerator acc(o);
+  torch::manual_seed(99);  // other initial values: everything must come from the checkpoint
+  auto net = std::make_shared<NetImpl>();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.01));
+  torch::optim::StepLR steplr(adam, 3, 0.5);
+  hasten::DataLoader data(hasten::TensorDataset(torch::randn({50, 6}), torch::randint(0, 3, {50})), {.batch_size = 4});
+  auto [model, opt, loader, sched] = acc.prepare(net, adam, data, steplr);
+  Counter micro;
+  acc.register_for_checkpointing(micro);
+  acc.load_state();
+  if (!resave.empty()) {
+    acc.save_state((resave / "checkpoint").string());
+    return;
+  }
+  auto full = acc.get_state_dict(model);
+  if (!acc.is_main_process()) return;
+  hasten::NamedTensors dump = full;
+  for (auto& named : net->named_parameters())
+    for (auto& [key, value] : hasten::sdk::param_state(adam, named.value()))
+      dump.emplace_back(named.key() + "/" + key, value);
+  hasten::save_safetensors((out / "state.safetensors").string(), dump);
+}
+
+}  // namespace
+
+TEST(Checkpoint, ReshardingZero3From2To3And1RanksKeepsEveryTensor) {
+  hasten::test::TempDir dir;
+  const fs::path p2 = dir.path() / "two", p3 = dir.path() / "three", x = dir.path() / "x", y = dir.path() / "y";
+  for (auto& d : {x, y}) fs::create_directories(d);
+  hasten::launch([&] { train("zero3", p2, 20, false, true, dir.path()); }, ranks(2));
+  // 2 zero3 ranks -> 1 rank (single): the full state.
+  hasten::launch([&] { load_and_dump("single", p2, x, {}); }, ranks(1));
+  // 2 -> 3 zero3 ranks, saved again there, then -> 1 rank: the same state, bit for bit.
+  hasten::launch([&] { load_and_dump("zero3", p2, {}, p3); }, ranks(3));
+  fs::create_directories(p3 / "checkpoints");
+  fs::rename(p3 / "checkpoint", p3 / "checkpoints" / "checkpoint_0");
+  hasten::launch([&] { load_and_dump("single", p3, y, {}); }, ranks(1));
+  auto a = hasten::load_safetensors((x / "state.safetensors").string());
+  auto b = hasten::load_safetensors((y / "state.safetensors").string());
+  auto saved = hasten::load_safetensors((p2 / "checkpoints" / "checkpoint_0" / "model.safetensors").string());
+  ASSERT_EQ(a.size(), b.size());
+  size_t moments = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first << " changed going through 3 ranks";
+    moments += a[i].first.find("/exp_avg") != std::string::npos;
+  }
+  EXPECT_EQ(moments, 8u) << "exp_avg and exp_avg_sq of the 4 parameters";
+  for (auto& [name, t] : saved) {
+    auto it = std::find_if(a.begin(), a.end(), [&](auto& e) { return e.first == name; });
+    ASSERT_NE(it, a.end()) << name;
+    EXPECT_TRUE(torch::equal(it->second, t)) << name << " differs from the zero3 checkpoint's";
+  }
+  // The Adam moments on 1 rank are the 2 zero3 ranks' shards put together: check one against
+  // the pieces the checkpoint holds.
+  auto piece = hasten::load_safetensors((p2 / "checkpoints" / "checkpoint_0" / "optimizer.rank1.safetensors").string());
+  ASSERT_FALSE(piece.empty());
+  for (auto& [name, t] : piece) {
+    const auto colon = name.find(':'), at = name.rfind('@');
+    if (at == std::string::npos) continue;
+    const std::string key = name.substr(colon + 1, at - colon - 1);
+    const int64_t offset = std::stoll(name.substr(at + 1));
+    auto it = std::find_if(a.begin(), a.end(), [&](auto& e) { return e.first == key; });
+    ASSERT_NE(it, a.end()) << key;
+    EXPECT_TRUE(torch::equal(it->second.reshape(-1).narrow(0, offset, t.numel()), t)) << name;
+  }
 }

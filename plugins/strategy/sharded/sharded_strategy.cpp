@@ -245,6 +245,7 @@ void ShardedStrategy::prepare_optimizer(torch::optim::Optimizer& optimizer) {
       view.requires_grad_(true);
       view.mutable_grad() = alias(u.shard_grad, at, {hi - lo});
       views_.push_back(view);
+      view_of_[{&optimizer, it->second.model, it->second.unit, it->second.index}] = view;
       params.push_back(view);
     }
     group.params() = params;
@@ -680,6 +681,82 @@ void ShardedStrategy::load_state_dict(torch::nn::Module& module, const NamedTens
   if (!by_name.empty())
     throw Error(HASTEN_ERR_INVALID_ARGUMENT,
                 options_.label + ": the state dict has '" + by_name.begin()->first + "', which the model does not");
+}
+
+void ShardedStrategy::optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& module, const Emit& emit) {
+  Model& m = find(module);
+  for (uint32_t k = 0; k < m.units.size(); ++k) {
+    Unit& u = m.units[k];
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      const int64_t begin = u.offsets[i], end = begin + c10::multiply_integers(u.shapes[i]);
+      torch::Tensor target;
+      int64_t lo = begin;
+      if (options_.stage == 0) {
+        if (rank_ != 0) continue;  // every rank steps the same full parameters
+        target = u.params[i];
+      } else {
+        auto it = view_of_.find({&optimizer, &m, k, i});
+        if (it == view_of_.end()) continue;  // not this optimizer's, or wholly on other ranks
+        target = it->second;
+        lo = std::max<int64_t>(begin, rank_ * u.shard);
+      }
+      for (auto& [key, value] : sdk::param_state(optimizer, target)) {
+        at::Tensor v = value.detach();
+        if (v.dim() == 0)
+          emit(u.names[i] + "/" + key, v);
+        else {
+          v = v.reshape(-1);
+          emit(u.names[i] + "/" + key + "@" + std::to_string(lo - begin) + ":" + std::to_string(v.numel()), v);
+        }
+      }
+      (void)end;
+    }
+  }
+}
+
+void ShardedStrategy::load_optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& module,
+                                           const NamedTensorRefs& tensors) {
+  Model& m = find(module);
+  // "<param>/<key>" -> full tensor (1-D, or 0-d scalars).
+  std::map<std::string, std::map<std::string, const at::Tensor*>> by_param;
+  for (auto& [name, value] : tensors) {
+    const auto slash = name.rfind('/');
+    if (slash == std::string::npos)
+      throw Error(HASTEN_ERR_INVALID_ARGUMENT, options_.label + ": optimizer state name '" + name + "' has no '/<key>'");
+    by_param[name.substr(0, slash)][name.substr(slash + 1)] = value;
+  }
+  for (uint32_t k = 0; k < m.units.size(); ++k) {
+    Unit& u = m.units[k];
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      auto found = by_param.find(u.names[i]);
+      if (found == by_param.end()) continue;  // no state yet (never stepped)
+      const int64_t begin = u.offsets[i], numel = c10::multiply_integers(u.shapes[i]);
+      torch::Tensor target;
+      int64_t lo = begin, length = numel;
+      if (options_.stage == 0) {
+        target = u.params[i];
+      } else {
+        auto it = view_of_.find({&optimizer, &m, k, i});
+        if (it == view_of_.end()) continue;
+        target = it->second;
+        lo = std::max<int64_t>(begin, rank_ * u.shard);
+        length = target.numel();
+      }
+      std::map<std::string, at::Tensor> state;
+      for (auto& [key, full] : found->second) {
+        if (full->dim() == 0) {
+          state[key] = *full;
+          continue;
+        }
+        if (full->numel() != numel)
+          throw Error(HASTEN_ERR_INVALID_ARGUMENT, options_.label + ": optimizer state '" + u.names[i] + "/" + key +
+                                                       "' has " + std::to_string(full->numel()) + " elements, the parameter " +
+                                                       std::to_string(numel));
+        state[key] = full->reshape(-1).narrow(0, lo - begin, length);
+      }
+      sdk::set_param_state(optimizer, target, state);
+    }
+  }
 }
 
 }  // namespace hasten::sharded

@@ -27,6 +27,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace hasten::sharded {
@@ -63,6 +64,9 @@ class ShardedStrategy final : public sdk::Strategy {
   void memory_report(hasten_memory_report& out) override;
   void state_dict(torch::nn::Module& model, int32_t kind, const Emit& emit) override;
   void load_state_dict(torch::nn::Module& model, const NamedTensorRefs& tensors) override;
+  void optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& model, const Emit& emit) override;
+  void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& model,
+                            const NamedTensorRefs& tensors) override;
 
  private:
   struct Hook {
@@ -148,6 +152,8 @@ class ShardedStrategy final : public sdk::Strategy {
   std::map<const void*, Location> locations_;  // TensorImpl* of an original parameter
   std::vector<torch::optim::Optimizer*> optimizers_;
   std::vector<torch::Tensor> views_;  // the optimizer's shard views (keep their TensorImpls alive)
+  // (optimizer, model, unit, parameter index) -> the view the optimizer steps (stages >= 1).
+  std::map<std::tuple<const torch::optim::Optimizer*, const Model*, uint32_t, size_t>, torch::Tensor> view_of_;
   hasten_memory_report peak_{};
 };
 

@@ -32,8 +32,8 @@
  *            describes its options; the host checks them before create and prints them);
  *            hasten_plugin_descriptor.config_section and distributed_types (a strategy
  *            answers to Accelerate's distributed_type values and owns a config section).
- *     1.3    strategy slot load_state_dict (checkpoints load full tensors into whatever
- *            the strategy shards).
+ *     1.3    strategy slots load_state_dict, optimizer_state and load_optimizer_state
+ *            (checkpoints save and load what the strategy shards, on any number of ranks).
  *
  * - Tensors in asynchronous calls: a DLTensor struct passed to any call (and its shape and
  *   strides arrays) is borrowed for the duration of the call only; a callee that needs them
@@ -453,6 +453,23 @@ typedef struct hasten_strategy_vtable {
   hasten_status (*load_state_dict)(hasten_instance* self, hasten_module* model,
                                    const char* const* names, hasten_tensor* const* values,
                                    uint32_t n);
+  /* Optional: this rank's state of `optimizer` for model's parameters, through `emit` (as for
+   * state_dict): "<param>/<key>@<offset>:<length>" for a 1-D piece of a state tensor shaped
+   * like the parameter (offset into the flattened parameter), "<param>/<key>" for a 0-d one
+   * ("step"). Keys as hasten::sdk::param_state names them. Pieces the strategy holds on every
+   * rank alike (nothing sharded) are emitted by rank 0 only. Collective. NULL: the host reads
+   * the optimizer's state of the model's own parameters on rank 0. */
+  hasten_status (*optimizer_state)(hasten_instance* self, hasten_optimizer* optimizer,
+                                   hasten_module* model,
+                                   void (*emit)(void* ctx, const char* name, hasten_tensor* value),
+                                   void* ctx);
+  /* Optional: loads full optimizer state ("<param>/<key>": state tensors flattened to 1-D, and
+   * 0-d scalars; every rank the same) for model's parameters, re-slicing what the strategy
+   * shards. Names and values borrowed for the call. NULL: the host sets the state of the
+   * model's own parameters. */
+  hasten_status (*load_optimizer_state)(hasten_instance* self, hasten_optimizer* optimizer,
+                                        hasten_module* model, const char* const* names,
+                                        hasten_tensor* const* values, uint32_t n);
 } hasten_strategy_vtable;
 
 /* ------------------------------------------------------------------------------------------ */

@@ -35,6 +35,7 @@
 #include <exception>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <optional>
 #include <vector>
 #include <new>
@@ -645,6 +646,15 @@ class Strategy : public PluginBase {
   virtual void load_state_dict(torch::nn::Module& model, const NamedTensorRefs& tensors) {
     (void)model, (void)tensors;
   }
+  // This rank's optimizer state of model's parameters, named as plugin.h's
+  // optimizer_state slot says; and the full state to load (names without pieces).
+  virtual void optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& model, const Emit& emit) {
+    (void)optimizer, (void)model, (void)emit;
+  }
+  virtual void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& model,
+                                    const NamedTensorRefs& tensors) {
+    (void)optimizer, (void)model, (void)tensors;
+  }
 };
 
 // Bytes of the state tensors of LibTorch's optimizers (SGD, Adam, AdamW, RMSprop, Adagrad).
@@ -668,6 +678,75 @@ inline uint64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer) {
     }
   }
   return bytes;
+}
+
+// One parameter's optimizer state as named tensors, for LibTorch's SGD, Adam, AdamW, RMSprop
+// and Adagrad: "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "square_avg",
+// "grad_avg", "sum" (shaped like the parameter) and "step" (a 0-d int64). Empty when the
+// parameter has no state yet. Another optimizer type throws Error(HASTEN_ERR_UNSUPPORTED).
+inline std::vector<std::pair<std::string, at::Tensor>> param_state(torch::optim::Optimizer& optimizer,
+                                                                   const at::Tensor& param) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  auto it = optimizer.state().find(c10::guts::to_string(param.unsafeGetTensorImpl()));
+  if (it == optimizer.state().end()) return out;
+  auto put = [&](const char* key, const at::Tensor& t) {
+    if (t.defined()) out.emplace_back(key, t);
+  };
+  auto step = [&](int64_t n) { out.emplace_back("step", at::scalar_tensor(n, at::kLong)); };
+  auto* state = it->second.get();
+  if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(state)) {
+    step(s->step()), put("exp_avg", s->exp_avg()), put("exp_avg_sq", s->exp_avg_sq()), put("max_exp_avg_sq", s->max_exp_avg_sq());
+  } else if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(state)) {
+    step(s->step()), put("exp_avg", s->exp_avg()), put("exp_avg_sq", s->exp_avg_sq()), put("max_exp_avg_sq", s->max_exp_avg_sq());
+  } else if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(state)) {
+    put("momentum_buffer", s->momentum_buffer());
+  } else if (auto* s = dynamic_cast<torch::optim::RMSpropParamState*>(state)) {
+    step(s->step()), put("square_avg", s->square_avg()), put("momentum_buffer", s->momentum_buffer()), put("grad_avg", s->grad_avg());
+  } else if (auto* s = dynamic_cast<torch::optim::AdagradParamState*>(state)) {
+    step(s->step()), put("sum", s->sum());
+  } else {
+    throw Error(HASTEN_ERR_UNSUPPORTED, "the optimizer's state is of a type hasten cannot read (SGD, Adam, AdamW, "
+                                        "RMSprop and Adagrad are supported)");
+  }
+  return out;
+}
+
+// Sets one parameter's optimizer state from tensors keyed as param_state() names them (each
+// copied to the parameter's device and dtype; "step" read as an integer).
+inline void set_param_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                            const std::map<std::string, at::Tensor>& state) {
+  if (state.empty()) return;
+  auto get = [&](const char* key) -> at::Tensor {
+    auto it = state.find(key);
+    return it == state.end() ? at::Tensor() : it->second.to(param.device(), param.scalar_type()).reshape(param.sizes()).clone();
+  };
+  const int64_t step = state.count("step") ? state.at("step").item<int64_t>() : 0;
+  std::unique_ptr<torch::optim::OptimizerParamState> made;
+  if (dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr) {
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->step(step), s->exp_avg(get("exp_avg")), s->exp_avg_sq(get("exp_avg_sq")), s->max_exp_avg_sq(get("max_exp_avg_sq"));
+    made = std::move(s);
+  } else if (dynamic_cast<torch::optim::Adam*>(&optimizer) != nullptr) {
+    auto s = std::make_unique<torch::optim::AdamParamState>();
+    s->step(step), s->exp_avg(get("exp_avg")), s->exp_avg_sq(get("exp_avg_sq")), s->max_exp_avg_sq(get("max_exp_avg_sq"));
+    made = std::move(s);
+  } else if (dynamic_cast<torch::optim::SGD*>(&optimizer) != nullptr) {
+    auto s = std::make_unique<torch::optim::SGDParamState>();
+    s->momentum_buffer(get("momentum_buffer"));
+    made = std::move(s);
+  } else if (dynamic_cast<torch::optim::RMSprop*>(&optimizer) != nullptr) {
+    auto s = std::make_unique<torch::optim::RMSpropParamState>();
+    s->step(step), s->square_avg(get("square_avg")), s->momentum_buffer(get("momentum_buffer")), s->grad_avg(get("grad_avg"));
+    made = std::move(s);
+  } else if (dynamic_cast<torch::optim::Adagrad*>(&optimizer) != nullptr) {
+    auto s = std::make_unique<torch::optim::AdagradParamState>();
+    s->step(step), s->sum(get("sum"));
+    made = std::move(s);
+  } else {
+    throw Error(HASTEN_ERR_UNSUPPORTED, "the optimizer is of a type hasten cannot set state for (SGD, Adam, AdamW, "
+                                        "RMSprop and Adagrad are supported)");
+  }
+  optimizer.state()[c10::guts::to_string(param.unsafeGetTensorImpl())] = std::move(made);
 }
 
 template <class T>
@@ -747,6 +826,24 @@ constexpr hasten_strategy_vtable make_strategy_vtable() {
         s.state_dict(module(m), kind, [&](const std::string& name, at::Tensor& value) {
           emit(ctx, name.c_str(), handle(value));
         });
+      });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Strategy, optimizer_state))
+    vt.optimizer_state = [](hasten_instance* i, hasten_optimizer* o, hasten_module* m,
+                            void (*emit)(void*, const char*, hasten_tensor*), void* ctx) noexcept {
+      return detail::call<Strategy>(i, [&](Strategy& s) {
+        s.optimizer_state(optimizer(o), module(m), [&](const std::string& name, at::Tensor& value) {
+          emit(ctx, name.c_str(), handle(value));
+        });
+      });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Strategy, load_optimizer_state))
+    vt.load_optimizer_state = [](hasten_instance* i, hasten_optimizer* o, hasten_module* m, const char* const* names,
+                                 hasten_tensor* const* values, uint32_t n) noexcept {
+      return detail::call<Strategy>(i, [&](Strategy& s) {
+        Strategy::NamedTensorRefs tensors;
+        for (uint32_t k = 0; k < n; ++k) tensors.emplace_back(names[k], &tensor(values[k]));
+        s.load_optimizer_state(optimizer(o), module(m), tensors);
       });
     };
   if constexpr (HASTEN_SDK_OVERRIDES(T, Strategy, load_state_dict))
