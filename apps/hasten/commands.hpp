@@ -15,6 +15,7 @@ void add_env_command(CLI::App& app, Action& action);
 void add_plugins_command(CLI::App& app, Action& action);
 void add_config_command(CLI::App& app, Action& action);
 void add_launch_command(CLI::App& app, Action& action);
+void add_weights_command(CLI::App& app, Action& action);
 
 // "hasten: error: <message>" on stderr; returns 1.
 int report_error(const std::string& message);

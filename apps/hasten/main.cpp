@@ -1,4 +1,5 @@
-// hasten: environment report, plugin listing and inspection, config files, and the launcher.
+// hasten: environment report, plugin listing and inspection, config files, the launcher, and
+// merging sharded weights.
 #include <hasten/error.hpp>
 
 #include <iostream>
@@ -22,13 +23,14 @@ int main(int argc, char** argv) {
   add_plugins_command(app, action);
   add_config_command(app, action);
   add_launch_command(app, action);
+  add_weights_command(app, action);
   if (argc > 1 && argv[1][0] != '-') {
     const std::string command = argv[1];
     bool known = false;
     for (auto* sub : app.get_subcommands({})) known = known || sub->get_name() == command;
     if (!known) {
       std::cerr << "hasten: error: unknown command '" << command
-                << "' (allowed: env, plugins, config, launch; see hasten --help)" << std::endl;
+                << "' (allowed: env, plugins, config, launch, merge-weights; see hasten --help)" << std::endl;
       return 2;
     }
   }

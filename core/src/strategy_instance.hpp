@@ -1,6 +1,8 @@
 // The host's view of a strategy plugin instance (torch tier).
 #pragma once
 
+#include <functional>
+
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -72,6 +74,18 @@ class StrategyInstance : public PluginInstance {
     };
     call("state_dict", [&] { return vt().strategy.state_dict(instance_, h(model), kind, emit, &out); });
     return out;
+  }
+  // state_dict, one tensor at a time: `each` sees every tensor as the strategy emits it.
+  void state_dict_each(torch::nn::Module& model, int32_t kind,
+                       const std::function<void(const std::string&, torch::Tensor&)>& each) {
+    auto emit = [](void* ctx, const char* name, hasten_tensor* value) {
+      (*static_cast<const std::function<void(const std::string&, torch::Tensor&)>*>(ctx))(
+          name, *reinterpret_cast<torch::Tensor*>(value));
+    };
+    call("state_dict", [&] {
+      return vt().strategy.state_dict(instance_, h(model), kind, emit,
+                                      const_cast<std::function<void(const std::string&, torch::Tensor&)>*>(&each));
+    });
   }
   bool has_load_state_dict() const { return vt().strategy.load_state_dict != nullptr; }
   void load_state_dict(torch::nn::Module& model, const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {

@@ -5,7 +5,8 @@
 - a worker SIGKILLed in the middle of a save leaves the previous checkpoint complete, and a
   resumed run continues from it to the same parameters;
 - /usr/bin/python3 reads the checkpoint's model.safetensors (the format's own rules, no
-  library) and gets the parameters whose SHA-256 is the run's param_checksum."""
+  library) and gets the parameters whose SHA-256 is the run's param_checksum; so does the
+  file `hasten merge-weights` writes from the checkpoint."""
 import hashlib
 import json
 import os
@@ -74,6 +75,14 @@ with tempfile.TemporaryDirectory() as d:
     if not manifest.get("complete") or "model.safetensors" not in manifest["files"]:
         h.fail(f"manifest: {manifest}")
     print("ok: Python reads model.safetensors; its SHA-256 is the run's param_checksum")
+    # hasten merge-weights writes one file from a checkpoint; a missing path is one clear error.
+    merged = os.path.join(d, "merged.safetensors")
+    h.run(h.hasten("merge-weights", ckpt, merged), check=True)
+    tensors = read_safetensors(merged)
+    if hashlib.sha256(b"".join(tensors[k] for k in sorted(tensors))).hexdigest() != want:
+        h.fail("hasten merge-weights of checkpoint_5 does not hold the checkpoint's parameters")
+    h.check_clean_failure(h.run(h.hasten("merge-weights", os.path.join(d, "nowhere"), merged)),
+                          "merge-weights of a missing directory", "does not exist")
 
     # 2. Killed while saving (rank 0, third save = step 30): the previous checkpoint survives.
     project = os.path.join(d, "crash")

@@ -342,3 +342,63 @@ TEST(Checkpoint, ReshardingZero3From2To3And1RanksKeepsEveryTensor) {
     EXPECT_TRUE(torch::equal(it->second.reshape(-1).narrow(0, offset, t.numel()), t)) << name;
   }
 }
+
+TEST(Weights, SaveModelShardsByteSizeAndLoadWeightsReproducesTheModel) {
+  hasten::test::TempDir dir;
+  const fs::path sharded = dir.path() / "sharded", whole = dir.path() / "whole";
+  hasten::launch(
+      [&] {
+        Options o;
+        o.strategy = "zero3";
+        Accelerator acc(o);
+        torch::manual_seed(5);
+        auto net = std::make_shared<NetImpl>();
+        torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+        auto [model, opt] = acc.prepare(net, sgd);
+        for (int i = 0; i < 3; ++i) {
+          acc.backward(model(torch::randn({4, 6})).pow(2).mean());
+          opt.step();
+          opt.zero_grad();
+        }
+        acc.save_model(model, sharded.string(), "300B");  // fc1.weight alone is 384 bytes
+        acc.save_model(model, whole.string());
+        auto full = acc.get_state_dict(model);
+        if (acc.is_main_process()) hasten::save_safetensors((dir.path() / "params.safetensors").string(), full);
+      },
+      ranks(2));
+  EXPECT_TRUE(fs::exists(whole / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(whole / "model.safetensors.index.json"));
+  ASSERT_TRUE(fs::exists(sharded / "model.safetensors.index.json"));
+  // fc1.weight (384 bytes) alone, then fc1.bias, fc2.weight and fc2.bias (268 bytes).
+  EXPECT_TRUE(fs::exists(sharded / "model-00001-of-00002.safetensors"));
+  EXPECT_TRUE(fs::exists(sharded / "model-00002-of-00002.safetensors"));
+  const auto want = hasten::load_safetensors((dir.path() / "params.safetensors").string());
+  for (const fs::path& from : {sharded, whole / "model.safetensors"}) {
+    torch::manual_seed(123);
+    NetImpl fresh;
+    hasten::load_weights(fresh, from.string());
+    for (auto& [name, t] : want) EXPECT_TRUE(torch::equal(fresh.named_parameters()[name], t)) << name << " from " << from;
+  }
+  // Merging the shards gives the single file's tensors.
+  hasten::merge_weights(sharded.string(), (dir.path() / "merged.safetensors").string());
+  auto merged = hasten::load_safetensors((dir.path() / "merged.safetensors").string());
+  ASSERT_EQ(merged.size(), want.size());
+  for (auto& [name, t] : merged) {
+    auto it = std::find_if(want.begin(), want.end(), [&](auto& e) { return e.first == name; });
+    ASSERT_NE(it, want.end()) << name;
+    EXPECT_TRUE(torch::equal(it->second, t)) << name;
+  }
+  // Strict names what differs; dtype converts.
+  struct Bigger : torch::nn::Module {
+    Bigger() { extra = register_parameter("extra", torch::zeros({2})); }
+    torch::Tensor extra;
+  };
+  Bigger bigger;
+  const std::string e = error_of([&] { hasten::load_weights(bigger, whole.string()); });
+  EXPECT_NE(e.find("has no 'extra', which the module has (strict"), std::string::npos) << e;
+  NetImpl half;
+  half.to(torch::kDouble);
+  hasten::load_weights(half, whole.string());
+  EXPECT_TRUE(torch::equal(half.fc1->weight.to(torch::kFloat), want.front().second)) << want.front().first;
+  EXPECT_NE(error_of([] { hasten::parse_size("ten GB"); }).find("'ten GB' is not a size"), std::string::npos);
+}

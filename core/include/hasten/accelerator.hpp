@@ -31,6 +31,7 @@
 #include <hasten/safetensors.hpp>
 #include <hasten/scopes.hpp>
 #include <hasten/unit.hpp>
+#include <hasten/weights.hpp>
 #include <hasten/work.hpp>
 
 #include <torch/nn/module.h>
@@ -233,6 +234,14 @@ class Accelerator {
   // included. Call it after prepare and before training.
   std::string save_state(const std::string& output_dir = "") { return engine_->save_state(output_dir); }
   std::string load_state(const std::string& input_dir = "") { return engine_->load_state(input_dir); }
+  // The model's full weights for other tools (docs/checkpoints.md): dir/model.safetensors,
+  // or shards of at most max_shard_size ("10GB", "500MB") with model.safetensors.index.json,
+  // Hugging Face's layout; sharded strategies gather one unit at a time. Every rank calls it;
+  // rank 0 writes. hasten::load_weights (hasten/weights.hpp) reads them back into a module.
+  template <class M>
+  void save_model(const PreparedModel<M>& model, const std::string& dir, const std::string& max_shard_size = "10GB") {
+    engine_->save_model(model.index(), dir, parse_size(max_shard_size));
+  }
   // The number the next automatic checkpoint gets (continues after load_state).
   int64_t save_iteration() const { return engine_->save_iteration(); }
   // Adds an object to every checkpoint. It has `state_dict()` returning either std::string

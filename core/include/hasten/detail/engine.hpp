@@ -118,6 +118,8 @@ class Engine {
   std::string save_state(const std::string& dir);
   std::string load_state(const std::string& dir);
   int64_t save_iteration() const;
+  // Writes the model's full weights into dir in Hugging Face's layout (model_export.cpp).
+  void save_model(size_t model, const std::string& dir, uint64_t max_shard_bytes);
 
   // Trackers.
   void init_trackers(const std::string& project, const std::string& hparams_json);
