@@ -4,7 +4,8 @@
 // fields torch_peer.py prints (plus the memory report). Every run is a fresh set of worker
 // processes (hasten::launch), so one run's threads and peak memory never leak into the next.
 // With --collectives it times allreduce, allgather and reduce_scatter of 4 KiB to 64 MiB
-// through the comm plugins instead.
+// through the comm plugins instead; with --checkpoints DIR, save_state and load_state against
+// plain sequential file I/O of the same bytes.
 //
 //   hasten-bench --workload mlp-small --mode ddp2 zero3 --impl hasten
 //   hasten-bench --collectives --comm shm gloo
@@ -14,11 +15,13 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include "runner.hpp"
@@ -118,6 +121,92 @@ void collectives(const std::string& comm, int64_t max_bytes) {
       lo);
 }
 
+// Bytes of every file under dir.
+uint64_t bytes_under(const std::filesystem::path& dir) {
+  uint64_t total = 0;
+  for (auto& e : std::filesystem::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) total += e.file_size();
+  return total;
+}
+
+// Seconds to write `bytes` sequentially into a new file and fsync it, then to read it back:
+// the plain file I/O a checkpoint is compared with, on the same disk.
+std::pair<double, double> plain_io(const std::filesystem::path& file, uint64_t bytes) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<char> buf(8 << 20, 1);
+  auto t0 = Clock::now();
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw hasten::Error("cannot write '" + file.string() + "'");
+  for (uint64_t left = bytes; left > 0;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(left, buf.size()));
+    if (::write(fd, buf.data(), n) != static_cast<ssize_t>(n)) throw hasten::Error("write failed: '" + file.string() + "'");
+    left -= n;
+  }
+  ::fsync(fd);
+  ::close(fd);
+  const double write_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  t0 = Clock::now();
+  const int in = ::open(file.c_str(), O_RDONLY);
+  while (::read(in, buf.data(), buf.size()) > 0) {
+  }
+  ::close(in);
+  const double read_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::filesystem::remove(file);
+  return {write_s, read_s};
+}
+
+// save_state and load_state of a workload after one training step (so that the optimizer has
+// state), against plain sequential I/O of the same bytes; the slowest rank decides.
+void checkpoints(const std::string& workload, const Mode& mode, const std::string& dir) {
+  hasten::LaunchOptions lo;
+  lo.num_processes = mode.world;
+  lo.timeout_s = 3600;
+  hasten::launch(
+      [&] {
+        namespace W = hasten::workloads;
+        using Clock = std::chrono::steady_clock;
+        hasten::Options o;
+        o.strategy = mode.strategy;
+        o.project_dir = dir;
+        hasten::Accelerator acc(o);
+        torch::manual_seed(0);
+        auto model = W::build_model(workload, mode.units);
+        torch::optim::AdamW optimizer(model->parameters(), W::optimizer_options());
+        auto [inputs, targets] = W::build_data(workload);
+        auto [net, opt] = acc.prepare(model, optimizer);
+        const int64_t b = W::spec(workload).batch;
+        acc.backward(W::loss(workload, net(W::model_input(workload, inputs.narrow(0, 0, b))), targets.narrow(0, 0, b)));
+        opt.step();
+        auto slowest = [&](double s) { return acc.reduce(torch::tensor({s}, torch::kDouble), "max").item<double>(); };
+        std::vector<double> saves, loads;
+        std::string last;
+        for (int i = 0; i < 3; ++i) {
+          acc.wait_for_everyone();
+          auto t0 = Clock::now();
+          last = acc.save_state();
+          saves.push_back(slowest(std::chrono::duration<double>(Clock::now() - t0).count()));
+          acc.wait_for_everyone();
+          t0 = Clock::now();
+          acc.load_state(last);
+          loads.push_back(slowest(std::chrono::duration<double>(Clock::now() - t0).count()));
+        }
+        const uint64_t bytes = bytes_under(last);
+        // Each rank's share of the plain I/O: what it wrote (rank 0 the manifest's others).
+        const auto [write_s, read_s] = plain_io(std::filesystem::path(dir) / (".plain" + std::to_string(acc.process_index())),
+                                                bytes / static_cast<uint64_t>(acc.num_processes()));
+        const double plain_write = slowest(write_s), plain_read = slowest(read_s);
+        const double save = median(saves), load = median(loads);
+        if (acc.is_main_process())
+          std::cout << nlohmann::ordered_json{{"impl", "hasten"}, {"bench", "checkpoint"}, {"workload", workload},
+                                              {"mode", mode.name}, {"bytes", bytes}, {"save_s", save}, {"load_s", load},
+                                              {"plain_write_s", plain_write}, {"plain_read_s", plain_read},
+                                              {"save_vs_plain", plain_write / save}, {"load_vs_plain", plain_read / load}}
+                           .dump()
+                    << std::endl;
+      },
+      lo);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,6 +225,9 @@ int main(int argc, char** argv) {
   app.add_option("--comm", comms, "Comm plugins for --collectives (default: shm gloo)");
   app.add_option("--max-bytes", max_bytes, "Largest collective buffer (default 64 MiB)");
   app.add_flag("--print-blas-env", print_blas_env, "Print the OpenBLAS settings the runs use, and exit");
+  std::string checkpoint_dir;
+  app.add_option("--checkpoints", checkpoint_dir,
+                 "Time save_state/load_state against plain file I/O in this directory instead (modes: default ddp2 zero3)");
   CLI11_PARSE(app, argc, argv);
   if (print_blas_env) {
     for (const char* k : {"OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"})
@@ -144,6 +236,19 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
+    if (!checkpoint_dir.empty()) {
+      if (mode_names.empty()) mode_names = {"ddp2", "zero3"};
+      for (auto& w : workloads)
+        for (auto& name : mode_names) {
+          auto it = std::find_if(modes().begin(), modes().end(), [&](const Mode& m) { return m.name == name; });
+          if (it == modes().end()) throw hasten::Error("unknown mode '" + name + "'");
+          const std::string dir = checkpoint_dir + "/" + w + "-" + name;
+          std::filesystem::remove_all(dir);
+          checkpoints(w, *it, dir);
+          std::filesystem::remove_all(dir);
+        }
+      return 0;
+    }
     if (run_collectives) {
       for (auto& c : comms) collectives(c, max_bytes);
       return 0;

@@ -40,7 +40,27 @@ constexpr uint32_t kK[64] = {
 
 }  // namespace
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// SSE4.2's crc32 instruction computes CRC-32C 8 bytes at a time (about 10x the table).
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(uint32_t crc, const uint8_t* p, size_t size) {
+  uint64_t c = ~crc;
+  for (; size >= 8; p += 8, size -= 8) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    c = __builtin_ia32_crc32di(c, v);
+  }
+  auto c32 = static_cast<uint32_t>(c);
+  for (; size > 0; ++p, --size) c32 = __builtin_ia32_crc32qi(c32, *p);
+  return ~c32;
+}
+#define HASTEN_HAVE_SSE42_CRC 1
+#endif
+
 uint32_t crc32c_update(uint32_t crc, const void* data, size_t size) {
+#ifdef HASTEN_HAVE_SSE42_CRC
+  static const bool hardware = __builtin_cpu_supports("sse4.2");
+  if (hardware) return crc32c_sse42(crc, static_cast<const uint8_t*>(data), size);
+#endif
   const auto& t = crc_tables().t;
   const auto* p = static_cast<const uint8_t*>(data);
   crc = ~crc;
