@@ -74,6 +74,19 @@ with tempfile.TemporaryDirectory() as d:
     manifest = json.load(open(os.path.join(ckpt, "manifest.json")))
     if not manifest.get("complete") or "model.safetensors" not in manifest["files"]:
         h.fail(f"manifest: {manifest}")
+    # The manifest's checksums are standard CRC-32C (Castagnoli), checkable by other tools.
+    def crc32c(data):
+        crc = 0xFFFFFFFF
+        for byte in data:
+            crc ^= byte
+            for _ in range(8):
+                crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+        return crc ^ 0xFFFFFFFF
+    if crc32c(b"123456789") != 0xE3069283:
+        h.fail("the test's own CRC-32C is wrong")
+    state = open(os.path.join(ckpt, "hasten_state.json"), "rb").read()
+    if f"{crc32c(state):08x}" != manifest["files"]["hasten_state.json"]["crc32c"]:
+        h.fail(f"manifest CRC-32C of hasten_state.json is not the standard one: {manifest['files']['hasten_state.json']}")
     print("ok: Python reads model.safetensors; its SHA-256 is the run's param_checksum")
     # hasten merge-weights writes one file from a checkpoint; a missing path is one clear error.
     merged = os.path.join(d, "merged.safetensors")
