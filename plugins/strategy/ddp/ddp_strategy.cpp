@@ -105,10 +105,7 @@ class DdpStrategy final : public hasten::sdk::Strategy {
   }
 
   void prepare_model(torch::nn::Module& module, const hasten_model_info& info) override {
-    const torch::Device device = info.device.device_type == kDLCUDA
-                                     ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(info.device.device_id))
-                                     : torch::Device(torch::kCPU);
-    module.to(device);
+    module.to(hasten::sdk::torch_device(info.device));
     auto model = std::make_unique<Model>();
     model->module = &module;
     for (auto& p : module.parameters())
@@ -179,24 +176,7 @@ class DdpStrategy final : public hasten::sdk::Strategy {
     if (buffers && !module.buffers().empty()) broadcast_tensors(module.buffers());
   }
 
-  void broadcast_tensors(const std::vector<torch::Tensor>& tensors) {
-    torch::NoGradGuard no_grad;
-    // One flat buffer per (dtype, device), in a deterministic order (the same on every rank).
-    std::map<std::string, std::vector<torch::Tensor>> groups;
-    for (auto& t : tensors) groups[std::string(c10::toString(t.scalar_type())) + "@" + t.device().str()].push_back(t);
-    for (auto& [key, group] : groups) {
-      std::vector<torch::Tensor> flat_parts;
-      for (auto& t : group) flat_parts.push_back(t.reshape(-1));
-      torch::Tensor flat = torch::cat(flat_parts);
-      DLTensor v = hasten::sdk::dl_view(flat);
-      run(host()->broadcast(host(), &v, 0, nullptr, nullptr), "broadcast of rank 0's weights");
-      int64_t offset = 0;
-      for (auto& t : group) {
-        t.copy_(flat.narrow(0, offset, t.numel()).view_as(t));
-        offset += t.numel();
-      }
-    }
-  }
+  void broadcast_tensors(const std::vector<torch::Tensor>& tensors) { hasten::sdk::broadcast_from_rank0(host(), tensors); }
 
   void build_buckets(Model& m) {
     m.bucket_of.assign(m.params.size(), 0);

@@ -56,10 +56,6 @@ uint64_t bytes_of(const torch::Tensor& t) {
   return t.defined() ? static_cast<uint64_t>(t.numel()) * t.element_size() : 0;
 }
 
-torch::Device device_of(const DLDevice& d) {
-  return d.device_type == kDLCUDA ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(d.device_id))
-                                  : torch::Device(torch::kCPU);
-}
 
 }  // namespace
 
@@ -106,26 +102,13 @@ ShardedStrategy::Model& ShardedStrategy::find(torch::nn::Module& module) {
 
 void ShardedStrategy::broadcast_from_rank0(torch::nn::Module& module) {
   if (world_ == 1) return;
-  torch::NoGradGuard no_grad;
-  std::map<std::string, std::vector<torch::Tensor>> groups;
-  for (auto& t : module.parameters()) groups[std::string(c10::toString(t.scalar_type()))].push_back(t);
-  for (auto& t : module.buffers()) groups[std::string(c10::toString(t.scalar_type()))].push_back(t);
-  for (auto& [key, group] : groups) {
-    std::vector<torch::Tensor> parts;
-    for (auto& t : group) parts.push_back(t.reshape(-1));
-    torch::Tensor flat = torch::cat(parts);
-    DLTensor v = sdk::dl_view(flat);
-    sdk::check(host(), host()->broadcast(host(), &v, 0, nullptr, nullptr), "broadcast of rank 0's weights");
-    int64_t offset = 0;
-    for (auto& t : group) {
-      t.copy_(flat.narrow(0, offset, t.numel()).view_as(t));
-      offset += t.numel();
-    }
-  }
+  std::vector<torch::Tensor> all = module.parameters();
+  for (auto& b : module.buffers()) all.push_back(b);
+  sdk::broadcast_from_rank0(host(), all);
 }
 
 void ShardedStrategy::prepare_model(torch::nn::Module& module, const hasten_model_info& info) {
-  device_ = device_of(info.device);
+  device_ = sdk::torch_device(info.device);
   module.to(device_);
   broadcast_from_rank0(module);
   auto model = std::make_unique<Model>();

@@ -8,10 +8,7 @@ class SingleStrategy final : public hasten::sdk::Strategy {
  public:
   SingleStrategy(const hasten_host_api* host, std::string_view) : Strategy(host) {}  // takes no options
   void prepare_model(torch::nn::Module& model, const hasten_model_info& info) override {
-    const torch::Device device = info.device.device_type == kDLCUDA
-                                     ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(info.device.device_id))
-                                     : torch::Device(torch::kCPU);
-    model.to(device);
+    model.to(hasten::sdk::torch_device(info.device));
   }
 };
 

@@ -614,6 +614,34 @@ inline DLTensor dl_view(const at::Tensor& t) {
   return v;
 }
 
+// The LibTorch device a hasten_model_info (or any DLDevice) names: CPU or CUDA.
+inline torch::Device torch_device(const DLDevice& d) {
+  return d.device_type == kDLCUDA ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(d.device_id))
+                                  : torch::Device(torch::kCPU);
+}
+
+// Gives every rank rank 0's values of `tensors`, in place: one host broadcast per (dtype,
+// device) over a flat copy, in an order that is the same on every rank. Strategies call it at
+// prepare so that all ranks start from the same weights. Collective.
+inline void broadcast_from_rank0(const hasten_host_api* host, const std::vector<at::Tensor>& tensors) {
+  at::NoGradGuard no_grad;
+  std::map<std::string, std::vector<at::Tensor>> groups;
+  for (auto& t : tensors) groups[std::string(c10::toString(t.scalar_type())) + "@" + t.device().str()].push_back(t);
+  for (auto& [key, group] : groups) {
+    std::vector<at::Tensor> parts;
+    for (auto& t : group) parts.push_back(t.reshape(-1));
+    at::Tensor flat = at::cat(parts);
+    DLTensor v = dl_view(flat);
+    check(host, host->broadcast(host, &v, 0, nullptr, nullptr), "broadcast of rank 0's weights");
+    int64_t offset = 0;
+    for (auto& t : group) {
+      at::Tensor piece = flat.narrow(0, offset, t.numel()).view_as(t);
+      t.copy_(piece);  // in-place ops are const on the handle: the storage is shared
+      offset += t.numel();
+    }
+  }
+}
+
 
 class Strategy : public PluginBase {
  public:
