@@ -12,9 +12,6 @@
 #include <hasten/plugin.hpp>
 #include <hasten/torch_compat.hpp>
 
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
-#include <torch/csrc/autograd/variable.h>
-
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -75,17 +72,13 @@ struct Bucket {
   hasten_work* work = nullptr;
 };
 
-struct Hooked {
-  std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive: params hold it weakly
-  uintptr_t key = 0;
-};
 
 struct Model {
   torch::nn::Module* module = nullptr;
   std::vector<torch::Tensor> params;   // those that require grad
   std::vector<size_t> bucket_of;
   std::vector<Bucket> buckets;
-  std::vector<Hooked> hooks;
+  std::vector<hasten::sdk::GradReadyHook> hooks;
   bool sync = true;
   bool touched = false;  // some gradient arrived during this backward
   size_t next = 0;       // the next bucket to launch
@@ -99,7 +92,7 @@ class DdpStrategy final : public hasten::sdk::Strategy {
 
   ~DdpStrategy() override {
     for (auto& m : models_)
-      for (auto& h : m->hooks) h.accumulator->del_post_hook(h.key);
+      m->hooks.clear();  // removes the post-hooks
     for (auto& m : models_)
       for (auto& b : m->buckets) release(b);
   }
@@ -114,14 +107,7 @@ class DdpStrategy final : public hasten::sdk::Strategy {
     build_buckets(*model);
     const size_t index = models_.size();
     for (size_t i = 0; i < model->params.size(); ++i) {
-      auto acc = torch::autograd::impl::grad_accumulator(model->params[i]);
-      if (!acc) throw Error(HASTEN_ERR_INVALID_ARGUMENT, "ddp: a parameter that requires grad is not a leaf");
-      const uintptr_t key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [this, index, i](const std::vector<torch::Tensor>& outputs, const std::vector<torch::Tensor>&) {
-            grad_ready(index, i);
-            return outputs;
-          }));
-      model->hooks.push_back({acc, key});
+      model->hooks.emplace_back(model->params[i], [this, index, i] { grad_ready(index, i); }, "ddp");
     }
     models_.push_back(std::move(model));
   }
@@ -263,15 +249,7 @@ class DdpStrategy final : public hasten::sdk::Strategy {
     }
   }
 
-  void finish(Bucket& b) {
-    if (b.work == nullptr) return;
-    hasten_work* w = b.work;
-    b.work = nullptr;
-    const hasten_status st = host()->work_wait(host(), w, 0);
-    std::string message = st != HASTEN_OK && host()->last_error ? host()->last_error(host()) : "";
-    host()->work_free(host(), w);
-    if (st != HASTEN_OK) throw Error(st, "ddp: gradient allreduce failed: " + message);
-  }
+  void finish(Bucket& b) { hasten::sdk::wait_and_free(host(), b.work, "ddp: gradient allreduce"); }
 
   void release(Bucket& b) noexcept {
     if (b.work != nullptr) host()->work_free(host(), b.work);

@@ -3,8 +3,6 @@
 #include <hasten/torch_compat.hpp>
 
 #include <ATen/core/LegacyTypeDispatch.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <cmath>
@@ -70,7 +68,7 @@ ShardedStrategy::ShardedStrategy(const hasten_host_api* host, Options options)
 ShardedStrategy::~ShardedStrategy() {
   for (auto& m : models_)
     for (auto& u : m->units) {
-      for (auto& h : u.hooks) h.node->del_post_hook(h.key);
+      u.hooks.clear();  // removes the post-hooks
       if (u.reduce_work) host()->work_free(host(), u.reduce_work);
       if (u.gather_work) host()->work_free(host(), u.gather_work);
     }
@@ -83,13 +81,7 @@ torch::Device ShardedStrategy::shard_device() const {
 void ShardedStrategy::collective(hasten_status st, const char* what) { sdk::check(host(), st, what); }
 
 void ShardedStrategy::wait(hasten_work*& work, const char* what) {
-  if (work == nullptr) return;
-  hasten_work* w = work;
-  work = nullptr;
-  const hasten_status st = host()->work_wait(host(), w, 0);
-  const std::string message = st != HASTEN_OK && host()->last_error ? host()->last_error(host()) : "";
-  host()->work_free(host(), w);
-  if (st != HASTEN_OK) throw Error(st, options_.label + ": " + what + " failed: " + message);
+  sdk::wait_and_free(host(), work, options_.label + ": " + what);
 }
 
 ShardedStrategy::Model& ShardedStrategy::find(torch::nn::Module& module) {
@@ -120,14 +112,8 @@ void ShardedStrategy::prepare_model(torch::nn::Module& module, const hasten_mode
     Unit& u = m->units[k];
     for (size_t i = 0; i < u.params.size(); ++i) {
       locations_[u.params[i].unsafeGetTensorImpl()] = {m, k, i};
-      auto node = torch::autograd::impl::grad_accumulator(u.params[i]);
-      if (!node) throw Error(HASTEN_ERR_INVALID_ARGUMENT, options_.label + ": parameter '" + u.names[i] + "' is not a leaf");
-      const uintptr_t key = node->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [this, m, k, i](const std::vector<torch::Tensor>& outputs, const std::vector<torch::Tensor>&) {
-            grad_ready(*m, k, i);
-            return outputs;
-          }));
-      u.hooks.push_back({node, key});
+      u.hooks.emplace_back(u.params[i], [this, m, k, i] { grad_ready(*m, k, i); },
+                           options_.label + ": parameter '" + u.names[i] + "'");
     }
     // Only now: the AccumulateGrad node records the parameter's shape when it is created.
     if (options_.stage >= 2) free_grads(u);

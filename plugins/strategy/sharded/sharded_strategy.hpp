@@ -69,11 +69,6 @@ class ShardedStrategy final : public sdk::Strategy {
                             const NamedTensorRefs& tensors) override;
 
  private:
-  struct Hook {
-    std::shared_ptr<torch::autograd::Node> node;  // kept alive: parameters hold it weakly
-    uintptr_t key = 0;
-  };
-
   struct Unit {
     torch::nn::Module* module = nullptr;
     std::vector<torch::Tensor> params;  // owned by this unit, require grad
@@ -95,7 +90,7 @@ class ShardedStrategy final : public sdk::Strategy {
     hasten_work* reduce_work = nullptr;
     hasten_work* gather_work = nullptr;
     bool keep_after_forward = false;
-    std::vector<Hook> hooks;
+    std::vector<sdk::GradReadyHook> hooks;
   };
 
   struct Model {

@@ -45,6 +45,9 @@
 #include <type_traits>
 
 #ifdef HASTEN_PLUGIN_TORCH_TIER
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 #endif
@@ -613,6 +616,46 @@ inline DLTensor dl_view(const at::Tensor& t) {
   v.byte_offset = 0;
   return v;
 }
+
+// Waits for a host work item and frees it; a failure throws Error naming `what` with the
+// host's message. work is set to NULL first, so a throw never leaves it to be freed twice.
+// A NULL work (the operation completed synchronously) returns at once.
+inline void wait_and_free(const hasten_host_api* host, hasten_work*& work, const std::string& what) {
+  if (work == nullptr) return;
+  hasten_work* w = work;
+  work = nullptr;
+  const hasten_status st = host->work_wait(host, w, 0);
+  const std::string message = st != HASTEN_OK && host->last_error != nullptr ? host->last_error(host) : "";
+  host->work_free(host, w);
+  if (st != HASTEN_OK) throw Error(st, what + " failed: " + message);
+}
+
+// Calls `ready` each time autograd has accumulated a gradient into a parameter (a post-hook on
+// its AccumulateGrad node: the moment a strategy may start reducing it), until destroyed.
+// Throws Error for a parameter that is not a leaf. Move-only.
+class GradReadyHook {
+ public:
+  GradReadyHook(const at::Tensor& param, std::function<void()> ready, const std::string& who) {
+    node_ = torch::autograd::impl::grad_accumulator(param);
+    if (!node_) throw Error(HASTEN_ERR_INVALID_ARGUMENT, who + ": a parameter that requires grad is not a leaf");
+    key_ = node_->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [ready = std::move(ready)](const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>&) {
+          ready();
+          return outputs;
+        }));
+  }
+  GradReadyHook(GradReadyHook&& other) noexcept : node_(std::move(other.node_)), key_(other.key_) { other.node_ = nullptr; }
+  GradReadyHook& operator=(GradReadyHook&&) = delete;
+  GradReadyHook(const GradReadyHook&) = delete;
+  GradReadyHook& operator=(const GradReadyHook&) = delete;
+  ~GradReadyHook() {
+    if (node_) node_->del_post_hook(key_);
+  }
+
+ private:
+  std::shared_ptr<torch::autograd::Node> node_;  // kept alive: parameters hold it weakly
+  uintptr_t key_ = 0;
+};
 
 // The LibTorch device a hasten_model_info (or any DLDevice) names: CPU or CUDA.
 inline torch::Device torch_device(const DLDevice& d) {
