@@ -134,7 +134,9 @@ std::map<size_t, NamedTensors> assemble_optimizer(const fs::path& dir, size_t i,
     const auto colon = name.find(':');
     const size_t model = static_cast<size_t>(std::stoul(name.substr(0, colon)));
     torch::Tensor full = f.scalar;
-    if (!f.pieces.empty()) {
+    if (f.pieces.size() == 1 && std::get<1>(f.pieces.front()).numel() == f.numel) {
+      full = std::get<1>(f.pieces.front());  // saved whole (nothing sharded): no copy
+    } else if (!f.pieces.empty()) {
       full = torch::zeros({f.numel}, std::get<1>(f.pieces.front()).options());
       for (auto& [offset, piece] : f.pieces) full.narrow(0, offset, piece.numel()).copy_(piece);
     }
@@ -463,7 +465,6 @@ std::string Engine::load_state(const std::string& requested) {
   decided = broadcast(decided, 0);
   if (decided.rfind("error:", 0) == 0) throw Error(decided.substr(6));
   const fs::path dir = decided.substr(3);
-
   const json manifest = read_manifest(dir);
   const json state = json::parse(read_file(dir / kState), nullptr, false);
   if (!state.is_object()) throw Error("load_state: '" + (dir / kState).string() + "' is malformed");

@@ -783,13 +783,19 @@ inline std::vector<std::pair<std::string, at::Tensor>> param_state(torch::optim:
 }
 
 // Sets one parameter's optimizer state from tensors keyed as param_state() names them (each
-// copied to the parameter's device and dtype; "step" read as an integer).
+// on the parameter's device and dtype, shaped like it; "step" read as an integer). A tensor
+// that already is exactly that, owning all of its memory, is taken as it is (the optimizer
+// then shares it with the caller); anything else (a view into a larger buffer) is copied.
 inline void set_param_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                             const std::map<std::string, at::Tensor>& state) {
   if (state.empty()) return;
   auto get = [&](const char* key) -> at::Tensor {
     auto it = state.find(key);
-    return it == state.end() ? at::Tensor() : it->second.to(param.device(), param.scalar_type()).reshape(param.sizes()).clone();
+    if (it == state.end()) return at::Tensor();
+    at::Tensor t = it->second.to(param.device(), param.scalar_type()).reshape(param.sizes());
+    const bool whole = t.is_contiguous() && t.storage_offset() == 0 &&
+                       t.storage().nbytes() == static_cast<size_t>(t.numel()) * t.element_size();
+    return whole ? t : t.clone();
   };
   const int64_t step = state.count("step") ? state.at("step").item<int64_t>() : 0;
   std::unique_ptr<torch::optim::OptimizerParamState> made;
