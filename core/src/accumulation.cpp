@@ -28,6 +28,8 @@ void Engine::begin_accumulate(const std::vector<size_t>& models) {
     s.sync = s.accum_step % n == 0;
   }
   ++s.accumulate_depth;
+  s.backward_in_scope = false;
+  s.scope_ended_unused = false;
   for (size_t m : models) {
     ModelEntry& e = s.models.at(m);
     if (e.sync_enabled != s.sync) {
@@ -40,6 +42,9 @@ void Engine::begin_accumulate(const std::vector<size_t>& models) {
 void Engine::end_accumulate(const std::vector<size_t>& models) noexcept {
   Impl& s = *impl_;
   --s.accumulate_depth;
+  // `acc.accumulate(model);` as a statement ends the scope at once: the backward that
+  // follows would neither be divided nor keep its gradients local. backward() says so.
+  s.scope_ended_unused = !s.backward_in_scope;
   for (size_t m : models) {
     try {
       ModelEntry& e = s.models.at(m);

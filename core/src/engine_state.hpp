@@ -93,6 +93,8 @@ struct Engine::Impl {
   int64_t accum_step = 0;
   int64_t window = 1;  // micro-batches in the current accumulation window
   int accumulate_depth = 0;
+  bool backward_in_scope = false;       // a backward ran inside the live accumulate scope
+  bool scope_ended_unused = false;      // the last scope ended with no backward inside it
   bool trigger = false;
 
   const ActiveLoader* innermost() const { return active.empty() ? nullptr : &active.back(); }

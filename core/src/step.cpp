@@ -1,9 +1,13 @@
 // The step of a training loop: optimizer and scheduler stepping (skipped on accumulation
 // micro-batches and on non-finite gradients), backward with loss scaling, gradient clipping
 // and unscaling.
+#include <hasten/error.hpp>
 #include <hasten/torch_compat.hpp>
 
 #include <torch/nn/utils/clip_grad.h>
+
+#include <optional>
+#include <set>
 
 #include "engine_state.hpp"
 
@@ -69,6 +73,12 @@ bool Engine::scheduler_should_step() const {
 
 void Engine::backward(const torch::Tensor& loss, bool retain_graph) {
   Impl& s = *impl_;
+  if (s.accumulate_depth == 0 && s.scope_ended_unused && s.config.gradient_accumulation_steps > 1)
+    throw UsageError("backward: the accumulate() scope of this micro-batch already ended (a discarded "
+                     "`acc.accumulate(model);` ends at once), so this loss would be neither divided by the "
+                     "accumulation steps nor kept local; keep the scope alive for the micro-batch: "
+                     "`auto scope = acc.accumulate(model);`");
+  if (s.accumulate_depth > 0) s.backward_in_scope = true;
   torch::Tensor l = loss;
   if (s.accumulate_depth > 0 && s.window > 1) l = l / static_cast<double>(s.window);
   s.precision->scale_loss(l);
@@ -85,15 +95,49 @@ double Engine::clip_grad_norm(size_t model, double max_norm, double norm_type) {
   return torch::nn::utils::clip_grad_norm_(e.module->parameters(), max_norm, norm_type);
 }
 
+std::optional<size_t> Engine::model_of_parameters(const std::vector<torch::Tensor>& parameters, const char* op) const {
+  const Impl& s = *impl_;
+  if (!s.strategy->has_state_dict()) return std::nullopt;  // gradients live in the parameters
+  for (size_t m = 0; m < s.models.size(); ++m) {
+    std::set<const void*> mine;
+    for (auto& p : s.models[m].module->parameters()) mine.insert(p.unsafeGetTensorImpl());
+    size_t hits = 0;
+    for (auto& p : parameters) hits += mine.count(p.unsafeGetTensorImpl());
+    if (hits == 0) continue;
+    if (hits == parameters.size() && hits == mine.size()) return m;
+    throw UsageError(std::string(op) + ": these are " + std::to_string(hits) + " of the " + std::to_string(mine.size()) +
+                     " parameters of a model that " + s.strategy->name() +
+                     " shards, whose gradients live in its shards; pass all of model->parameters() or the "
+                     "prepared model itself");
+  }
+  return std::nullopt;
+}
+
 double Engine::clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm,
                               double norm_type) {
+  // Accelerate's spelling, clip_grad_norm_(model->parameters(), ...): under a sharding
+  // strategy the gradients are in the shards, so it means the model's clipping.
+  if (auto m = model_of_parameters(parameters, "clip_grad_norm_")) return clip_grad_norm(*m, max_norm, norm_type);
   unscale_gradients();
   return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
 }
 
 void Engine::clip_grad_value(size_t model, double clip_value) {
+  Impl& s = *impl_;
   unscale_gradients();
-  torch::nn::utils::clip_grad_value_(impl_->models.at(model).module->parameters(), clip_value);
+  torch::nn::utils::clip_grad_value_(s.models.at(model).module->parameters(), clip_value);
+  // Under a sharding strategy the gradients the optimizers step are the shards' (the
+  // parameters' own are freed between steps): clipping by value is element-wise, so clipping
+  // each rank's shard clips the whole.
+  if (s.strategy->has_state_dict())
+    for (auto& e : s.optimizers)
+      for (auto& group : e.optimizer->param_groups()) torch::nn::utils::clip_grad_value_(group.params(), clip_value);
+}
+
+void Engine::clip_grad_value(const std::vector<torch::Tensor>& parameters, double clip_value) {
+  if (auto m = model_of_parameters(parameters, "clip_grad_value_")) return clip_grad_value(*m, clip_value);
+  unscale_gradients();
+  torch::nn::utils::clip_grad_value_(parameters, clip_value);
 }
 
 void Engine::unscale_gradients() {

@@ -115,6 +115,12 @@ class Accelerator {
   void clip_grad_value_(const PreparedModel<M>& model, double clip_value) {
     engine_->clip_grad_value(model.index(), clip_value);
   }
+  // The parameter-list spellings (Accelerate's clip_grad_*_(model.parameters(), ...)): a
+  // prepared model's parameters under a sharding strategy mean that model (its gradients live
+  // in the shards); a part of such a model is an error.
+  void clip_grad_value_(const std::vector<torch::Tensor>& parameters, double clip_value) {
+    engine_->clip_grad_value(parameters, clip_value);
+  }
   // Divides gradients by the loss scale now (fp16); later calls in the same step do nothing.
   void unscale_gradients() { engine_->unscale_gradients(); }
   bool optimizer_step_was_skipped() const { return engine_->any_optimizer_step_skipped(); }

@@ -87,6 +87,10 @@ class Engine {
   double clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm,
                         double norm_type);
   void clip_grad_value(size_t model, double clip_value);
+  void clip_grad_value(const std::vector<torch::Tensor>& parameters, double clip_value);
+  // The prepared model whose parameters these are, when a sharding strategy keeps their
+  // gradients in shards (nullopt otherwise); a part of such a model is a UsageError.
+  std::optional<size_t> model_of_parameters(const std::vector<torch::Tensor>& parameters, const char* op) const;
   void unscale_gradients();
   double loss_scale() const;
 

@@ -1,0 +1,144 @@
+// Natural spellings of the user's API that used to give wrong results without a word: each
+// now gives the right result or a clear error, under every strategy where one matters.
+#include <hasten/hasten.hpp>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "test_util.hpp"
+
+namespace fs = std::filesystem;
+using hasten::Accelerator;
+using hasten::Options;
+namespace F = torch::nn::functional;
+
+namespace {
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    fc1 = register_module("fc1", hasten::Unit<torch::nn::Linear>(6, 16));
+    fc2 = register_module("fc2", hasten::Unit<torch::nn::Linear>(16, 3));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(fc1(x))); }
+  hasten::Unit<torch::nn::Linear> fc1{nullptr}, fc2{nullptr};
+};
+
+hasten::LaunchOptions ranks(int n) {
+  static hasten::test::TempDir home;
+  hasten::LaunchOptions o;
+  o.num_processes = n;
+  o.timeout_s = 120;
+  o.env["HASTEN_HOME"] = home.path().string();
+  o.env["HASTEN_TIMEOUT_S"] = "60";
+  return o;
+}
+
+// Trains 6 steps on 2 ranks clipping as `how` says, returns the final full parameters
+// (written by rank 0) and the norms clip_grad_norm_ returned.
+hasten::NamedTensors train_clipped(const std::string& strategy, const std::string& how, const fs::path& dir) {
+  const fs::path out = dir / (strategy + "-" + how + ".safetensors");
+  hasten::launch(
+      [&] {
+        Options o;
+        o.strategy = strategy;
+        Accelerator acc(o);
+        torch::manual_seed(3);
+        auto net = std::make_shared<NetImpl>();
+        torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.5));
+        auto [model, opt] = acc.prepare(net, sgd);
+        torch::manual_seed(4 + acc.process_index());
+        std::vector<double> norms;
+        for (int i = 0; i < 6; ++i) {
+          acc.backward(F::cross_entropy(model(torch::randn({8, 6}) * 4), torch::randint(0, 3, {8})));
+          if (how == "norm-model") norms.push_back(acc.clip_grad_norm_(model, 0.05));
+          if (how == "norm-params") norms.push_back(acc.clip_grad_norm_(net->parameters(), 0.05));
+          if (how == "value-model") acc.clip_grad_value_(model, 0.01);
+          if (how == "value-params") acc.clip_grad_value_(net->parameters(), 0.01);
+          opt.step();
+          opt.zero_grad();
+        }
+        auto full = acc.get_state_dict(model);
+        if (acc.is_main_process()) {
+          full.emplace_back("norms", torch::tensor(norms.empty() ? std::vector<double>{0} : norms, torch::kDouble));
+          hasten::save_safetensors(out.string(), full);
+        }
+      },
+      ranks(2));
+  return hasten::load_safetensors(out.string());
+}
+
+void expect_equal(const hasten::NamedTensors& a, const hasten::NamedTensors& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(torch::allclose(a[i].second, b[i].second, 1e-6, 1e-7)) << what << ": " << a[i].first;
+}
+
+}  // namespace
+
+// Accelerate's spelling clip_grad_norm_(model->parameters(), ...) used to return 0 and clip
+// nothing under zero2/zero3 (the gradients live in the shards): now it is the model's clip.
+TEST(UserApi, ClipByParameterListIsTheModelsClipUnderEveryStrategy) {
+  hasten::test::TempDir dir;
+  const auto reference = train_clipped("ddp", "norm-model", dir.path());
+  EXPECT_GT(reference.back().second[0].item<double>(), 0.05) << "the clip must matter";
+  const auto unclipped = train_clipped("ddp", "none", dir.path());
+  EXPECT_FALSE(torch::allclose(unclipped.front().second, reference.front().second));
+  const auto by_value = train_clipped("ddp", "value-model", dir.path());
+  for (const std::string strategy : {"ddp", "zero2", "zero3", "fsdp"}) {
+    expect_equal(train_clipped(strategy, "norm-params", dir.path()), reference, strategy + " norm by parameters");
+    auto v = train_clipped(strategy, "value-params", dir.path());
+    v.back() = by_value.back();  // no norms to compare
+    expect_equal(v, by_value, strategy + " value by parameters");
+    auto m = train_clipped(strategy, "value-model", dir.path());
+    m.back() = by_value.back();
+    expect_equal(m, by_value, strategy + " value by model");
+  }
+}
+
+TEST(UserApi, APartOfAShardedModelsParametersIsAnError) {
+  hasten::launch(
+      [] {
+        Options o;
+        o.strategy = "zero3";
+        Accelerator acc(o);
+        auto net = std::make_shared<NetImpl>();
+        torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.5));
+        auto [model, opt] = acc.prepare(net, sgd);
+        acc.backward(model(torch::randn({4, 6})).sum());
+        try {
+          acc.clip_grad_norm_(net->fc1->parameters(), 1.0);
+          throw std::runtime_error("clipping part of a sharded model was accepted");
+        } catch (const hasten::UsageError& e) {
+          if (std::string(e.what()).find("clip_grad_norm_: these are 2 of the 4 parameters of a model that zero shards") ==
+              std::string::npos)
+            throw std::runtime_error(std::string("message: ") + e.what());
+        }
+      },
+      ranks(2));
+}
+
+// `acc.accumulate(model);` as a statement ended the scope at once: the backward after it was
+// neither divided nor kept local. Now backward says so.
+TEST(UserApi, ADiscardedAccumulateScopeIsAnErrorAtBackward) {
+  static hasten::test::TempDir home;
+  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  Options o;
+  o.gradient_accumulation_steps = 2;
+  Accelerator acc(o);
+  auto net = std::make_shared<NetImpl>();
+  auto model = acc.prepare(net);
+  (void)acc.accumulate(model);  // the mistake (the compiler warns without the cast)
+  try {
+    acc.backward(model(torch::randn({4, 6})).sum());
+    FAIL() << "backward after a discarded accumulate() scope was accepted";
+  } catch (const hasten::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("auto scope = acc.accumulate(model);"), std::string::npos) << e.what();
+  }
+  {
+    auto scope = acc.accumulate(model);  // the right spelling
+    acc.backward(model(torch::randn({4, 6})).sum());
+  }
+  acc.backward(model(torch::randn({4, 6})).sum());  // outside any scope after a used one: allowed
+}
