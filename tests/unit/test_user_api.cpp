@@ -142,3 +142,31 @@ TEST(UserApi, ADiscardedAccumulateScopeIsAnErrorAtBackward) {
   }
   acc.backward(model(torch::randn({4, 6})).sum());  // outside any scope after a used one: allowed
 }
+
+// tracker_options keyed by the tracker's name reached it only when `trackers` named it the
+// same way (not when selected by path), and a misspelt key was dropped without a word.
+TEST(UserApi, TrackerOptionsReachATrackerSelectedByPathAndTyposAreErrors) {
+  static hasten::test::TempDir home, logs;
+  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  auto error_with = [&](const std::string& options) -> std::string {
+    Options o;
+    o.logging_dir = logs.path().string();
+    o.trackers = std::vector<std::string>{hasten::test::test_plugin("described", "libhasten-tracker-described.so")};
+    o.set = {{"tracker_options", options}};
+    Accelerator acc(o);
+    try {
+      acc.init_trackers("p");
+    } catch (const hasten::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // By plugin name, for a tracker given as a path: the options reach it (its description
+  // refuses the value, so they did).
+  std::string e = error_with("{described: {level: 9}}");
+  EXPECT_NE(e.find("described options: level: 9 is out of range (allowed: 0 to 3)"), std::string::npos) << e;
+  EXPECT_EQ(error_with("{described: {level: 2}}"), "");
+  e = error_with("{descrbed: {level: 2}}");
+  EXPECT_NE(e.find("tracker_options: 'descrbed' is not a configured tracker"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'described'?"), std::string::npos) << e;
+}
