@@ -69,7 +69,8 @@ const Schema& core_schema() {
        "Options of the precision plugin (fp16: init_scale, growth_factor, backoff_factor, growth_interval)"},
       {"trackers", T::StringList, json::array(), {}, {}, {},
        "Tracker plugins that init_trackers starts (names or paths), e.g. [csv, jsonl]"},
-      {"tracker_options", T::Map, json::object(), {}, {}, {}, "Per-tracker options keyed by tracker name"},
+      {"tracker_options", T::Map, json::object(), {}, {}, {},
+       "Per-tracker options keyed by the tracker as trackers names it or by its plugin name (another key is an error)"},
       {"comm", T::Any, "auto", {}, {}, {},
        "Comm backend per device type: a name or path for CPU tensors, or a mapping {cpu: X, cuda: Y}; "
        "auto picks the serving plugin of highest priority that fits the run"},

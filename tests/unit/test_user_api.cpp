@@ -170,3 +170,33 @@ TEST(UserApi, TrackerOptionsReachATrackerSelectedByPathAndTyposAreErrors) {
   EXPECT_NE(e.find("tracker_options: 'descrbed' is not a configured tracker"), std::string::npos) << e;
   EXPECT_NE(e.find("did you mean 'described'?"), std::string::npos) << e;
 }
+
+// docs/strategies.md: zero3 holds no full parameters at rest. An evaluation under no_grad
+// used to leave one unit gathered until the next training step.
+TEST(UserApi, Zero3HoldsNoFullParametersAfterAnEvaluationUnderNoGrad) {
+  static hasten::test::TempDir home;
+  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  for (const std::string strategy : {"zero3", "fsdp"}) {
+    Options o;
+    o.strategy = strategy;
+    Accelerator acc(o);
+    auto net = std::make_shared<NetImpl>();
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto [model, opt] = acc.prepare(net, sgd);
+    acc.backward(model(torch::randn({4, 6})).sum());
+    opt.step();
+    opt.zero_grad();
+    torch::Tensor out;
+    {
+      torch::NoGradGuard no_grad;
+      out = model(torch::randn({4, 6}));
+    }
+    EXPECT_EQ(out.sizes(), (std::vector<int64_t>{4, 3}));
+    EXPECT_EQ(acc.memory_report().params, 0u) << strategy << ": full parameters left gathered after evaluation";
+    EXPECT_EQ(net->fc1->weight.numel(), 0) << strategy;
+    EXPECT_EQ(net->fc2->weight.numel(), 0) << strategy;
+    // Training goes on.
+    acc.backward(model(torch::randn({4, 6})).sum());
+    opt.step();
+  }
+}

@@ -345,7 +345,12 @@ void ShardedStrategy::unit_post_forward(torch::nn::Module& model, uint32_t unit,
   }
   if (options_.stage == 3) {
     --u.users;
-    if (unit != 0 && u.users == 0 && options_.reshard_after_forward && !u.keep_after_forward) free_params(u);
+    // A forward without autograd (evaluation under no_grad) has no backward to keep anything
+    // for: every unit, the root included, goes back to its shards at once.
+    const bool no_backward = !at::GradMode::is_enabled();
+    if (u.users == 0 &&
+        (no_backward || (unit != 0 && options_.reshard_after_forward && !u.keep_after_forward)))
+      free_params(u);
   }
 }
 
