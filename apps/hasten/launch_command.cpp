@@ -30,6 +30,7 @@ struct LaunchFlags {
   bool dry_run = false;
   double grace_s = 5.0;
   std::vector<std::string> command;
+  std::vector<std::string> known_flags;  // "--num_processes", ... (for a misspelt flag's message)
 };
 
 std::string shell_quote(const std::string& s) {
@@ -52,8 +53,29 @@ std::string resolve_program(const std::string& name) {
   return "";
 }
 
+// A word before PROGRAM that looks like a flag is a flag hasten launch does not have (a
+// misspelling such as --num_process), not a program to run.
+std::string unknown_flag_message(const std::string& word, const std::vector<std::string>& known) {
+  std::string name = word.substr(0, word.find('='));
+  auto canonical = [](std::string s) {
+    s.erase(0, s.find_first_not_of('-'));
+    for (auto& c : s) c = c == '-' ? '_' : c;
+    return s;
+  };
+  const std::string given = canonical(name);
+  std::string near;
+  for (auto& k : known) {
+    const std::string c = canonical(k);
+    if (near.empty() && !given.empty() && (c.rfind(given, 0) == 0 || given.rfind(c, 0) == 0)) near = k;
+  }
+  return "launch: unknown option '" + name + "'" + (near.empty() ? "" : "; did you mean '" + near + "'?") +
+         " (hasten launch --help lists the options; the program comes after them)";
+}
+
 int launch(const LaunchFlags& flags) {
   if (flags.command.empty()) return report_error("launch: no PROGRAM given (usage: hasten launch [flags] PROGRAM [ARGS...])");
+  if (flags.command[0].size() > 1 && flags.command[0][0] == '-')
+    return report_error(unknown_flag_message(flags.command[0], flags.known_flags));
   if (!flags.dry_run && resolve_program(flags.command[0]).empty())
     return report_error("launch: cannot run '" + flags.command[0] + "': not found or not executable");
   Options options;
@@ -207,6 +229,8 @@ void add_launch_command(CLI::App& app, Action& action) {
                   "Seconds between SIGTERM and SIGKILL when stopping workers")
       ->check(CLI::PositiveNumber);
   cmd->callback([&action, flags, cmd] {
+    for (auto* opt : cmd->get_options())
+      for (auto& long_name : opt->get_lnames()) flags->known_flags.push_back("--" + long_name);
     for (auto& extra : cmd->remaining()) flags->command.push_back(extra);
     action = [flags] { return launch(*flags); };
   });

@@ -32,6 +32,8 @@ with tempfile.TemporaryDirectory() as d:
         (h.hasten("launch", "--config_file", os.path.join(d, "missing.yaml"), "true"), "launch with a missing file",
          "does not exist"),
         (h.hasten("launch", "--mixed_precision", "fp64", "true"), "launch with a bad precision", "'fp64' is not allowed"),
+        (h.hasten("launch", "--num_process", "2", "true"), "launch with a misspelt flag",
+         "unknown option '--num_process'; did you mean '--num_processes'?"),
         (h.hasten("launch", "--set", "mixed_precison=bf16", "true"), "launch --set with a misspelt key",
          "did you mean 'mixed_precision'"),
         (h.hasten("launch", "--set", "novalue", "true"), "launch --set without a value", "expected KEY=VALUE"),
