@@ -6,6 +6,7 @@
 #include <hasten/safetensors.hpp>
 
 #include <ATen/Context.h>
+#include <c10/util/Type.h>
 #include <ATen/core/Generator.h>
 #include <torch/cuda.h>
 #include <torch/serialize/input-archive.h>
@@ -20,6 +21,7 @@
 #include <mutex>
 #include <set>
 #include <tuple>
+#include <typeinfo>
 #include <sstream>
 
 #define HASTEN_PLUGIN_TORCH_TIER 1  // sdk::param_state, set_param_state
@@ -51,6 +53,17 @@ std::string custom_file(size_t i, bool tensors) {
   return "custom_checkpoint_" + std::to_string(i) + (tensors ? ".safetensors" : ".bin");
 }
 constexpr const char* kState = "hasten_state.json";
+
+// The optimizer's type, as a checkpoint records it.
+std::string optimizer_type(torch::optim::Optimizer& o) {
+  if (dynamic_cast<torch::optim::AdamW*>(&o)) return "AdamW";
+  if (dynamic_cast<torch::optim::Adam*>(&o)) return "Adam";
+  if (dynamic_cast<torch::optim::SGD*>(&o)) return "SGD";
+  if (dynamic_cast<torch::optim::RMSprop*>(&o)) return "RMSprop";
+  if (dynamic_cast<torch::optim::Adagrad*>(&o)) return "Adagrad";
+  if (dynamic_cast<torch::optim::LBFGS*>(&o)) return "LBFGS";
+  return c10::demangle(typeid(o).name());
+}
 
 std::string optimizer_bytes(torch::optim::Optimizer& optimizer) {
   torch::serialize::OutputArchive archive;
@@ -243,7 +256,14 @@ std::string Engine::save_state(const std::string& requested) {
       std::error_code ec;
       if (automatic && fs::exists(target, ec))
         throw Error("save_state: '" + target.string() +
-                    "' already exists (a resumed run calls load_state() first, which continues the numbering)");
+                    "' already exists (a run that continues calls load_state() first; new checkpoints are then "
+                    "numbered after the newest one)");
+      if (!automatic && fs::exists(target, ec) && !fs::exists(target / "manifest.json", ec))
+        throw Error("save_state: '" + target.string() +
+                    "' exists and is not a hasten checkpoint (no manifest.json); it is left alone: choose another "
+                    "directory (a checkpoint directory is replaced as a whole)");
+      if (target.filename().empty() || target.filename() == "." || target.filename() == "..")
+        throw Error("save_state: '" + target.string() + "' does not name a directory to create");
       const fs::path tmp = target.parent_path() / ("." + target.filename().string() + ".saving");
       fs::create_directories(target.parent_path().empty() ? fs::path(".") : target.parent_path());
       fs::remove_all(tmp);  // a save that died before
@@ -355,8 +375,10 @@ std::string Engine::save_state(const std::string& requested) {
     json loaders = json::array();
     for (size_t id = 0; id < s.loaders.size(); ++id) {
       const LoaderEntry& e = s.loaders[id];
-      int64_t epoch = e.stopped_at > 0 ? e.epoch - 1 : e.epoch;
-      int64_t next = e.stopped_at > 0 ? e.stopped_at : e.resume_batch;
+      // A loop left with `break` before the save: this process's next `for` would begin a new
+      // epoch, so the resumed one does too (only an iteration under way resumes mid-epoch).
+      int64_t epoch = e.epoch;
+      int64_t next = e.resume_batch;
       for (auto it = s.active.rbegin(); it != s.active.rend(); ++it)
         if (it->id == id) {
           // Mid-epoch: the epoch under way, from the batch after the one yielded last.
@@ -375,6 +397,8 @@ std::string Engine::save_state(const std::string& requested) {
     for (auto& sc : s.schedulers) schedulers.push_back(sc.steps);
     json custom = json::array();
     for (auto& o : s.checkpoint_objects) custom.push_back(o.save_tensors ? "tensors" : "bytes");
+    json types = json::array();  // loading into another optimizer type must be refused
+    for (auto& e : s.optimizers) types.push_back(optimizer_type(*e.optimizer));
     json lrs = json::array();  // each param group's learning rate (the portable layout has no groups)
     for (auto& e : s.optimizers) {
       json groups = json::array();
@@ -385,7 +409,7 @@ std::string Engine::save_state(const std::string& requested) {
                   {"strategy", s.strategy->name()},
                   {"world_size", world},
                   {"models", s.models.size()},
-                  {"optimizers", {{"count", s.optimizers.size()}, {"layouts", optimizer_layouts}, {"lr", lrs}}},
+                  {"optimizers", {{"count", s.optimizers.size()}, {"layouts", optimizer_layouts}, {"lr", lrs}, {"types", types}}},
                   {"schedulers", schedulers},
                   {"loaders", loaders},
                   {"accumulation", {{"step", s.accum_step}, {"window", s.window}}},
@@ -499,6 +523,12 @@ std::string Engine::load_state(const std::string& requested) {
     for (; sc.steps < saved; ++sc.steps) sc.step_once();
   }
   for (size_t i = 0; i < s.optimizers.size(); ++i) {
+    const std::string saved_type = state["optimizers"]["types"].at(i).get<std::string>();
+    if (saved_type != optimizer_type(*s.optimizers[i].optimizer))
+      throw Error("load_state: optimizer " + std::to_string(i) + " was " + saved_type + " when saved, this program prepared " +
+                  optimizer_type(*s.optimizers[i].optimizer) + " ('" + dir.string() + "')");
+  }
+  for (size_t i = 0; i < s.optimizers.size(); ++i) {
     torch::optim::Optimizer& optimizer = *s.optimizers[i].optimizer;
     const std::string layout = state["optimizers"]["layouts"].at(i).get<std::string>();
     if (layout == "portable") {
@@ -575,6 +605,10 @@ std::string Engine::load_state(const std::string& requested) {
   s.window = state["accumulation"].value("window", int64_t{1});
   if (manifest.contains("checkpoint") && manifest["checkpoint"].is_number_integer())
     s.save_iteration = manifest["checkpoint"].get<int64_t>() + 1;
+  // New checkpoints go after every numbered one, damaged or older ones skipped included: an
+  // automatic save never collides with a name that exists.
+  for (auto& [n, path] : numbered_checkpoints(checkpoints_dir(s.config)))
+    s.save_iteration = std::max<int64_t>(s.save_iteration, n + 1);
   wait_for_everyone();
   get_logger()->info("load_state: resumed from {}", dir.string());
   return dir.string();

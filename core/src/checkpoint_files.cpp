@@ -114,12 +114,14 @@ void finalize_checkpoint(const fs::path& tmp, const fs::path& final_dir, int wor
   std::error_code ec;
   fs::rename(tmp, final_dir, ec);
   if (ec) throw Error("checkpoint: cannot rename '" + tmp.string() + "' to '" + final_dir.string() + "': " + ec.message());
-  fsync_path(final_dir.parent_path(), true);
+  fsync_path(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path(), true);
 }
 
 json read_manifest(const fs::path& dir) {
   const fs::path path = dir / kManifest;
   std::error_code ec;
+  if (!fs::exists(dir, ec)) throw Error("checkpoint '" + dir.string() + "' does not exist");
+  if (!fs::is_directory(dir, ec)) throw Error("checkpoint '" + dir.string() + "' is not a directory");
   if (!fs::exists(path, ec))
     throw Error("checkpoint '" + dir.string() + "' has no manifest.json (it is incomplete: its save did not finish)");
   json m = json::parse(read_file(path), nullptr, false);
@@ -141,6 +143,7 @@ std::string verify_checkpoint(const fs::path& dir, bool checksums) {
     std::error_code ec;
     const uint64_t want = it.value().value("size", uint64_t{0});
     if (!fs::exists(path, ec)) return "checkpoint file '" + path.string() + "' is missing";
+    if (!fs::is_regular_file(path, ec)) return "checkpoint file '" + path.string() + "' is not a regular file";
     const uint64_t got = fs::file_size(path, ec);
     if (ec || got != want)
       return "checkpoint file '" + path.string() + "' has " + std::to_string(got) + " bytes, the manifest says " +

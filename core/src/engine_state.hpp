@@ -45,7 +45,6 @@ struct LoaderEntry {
   int64_t epoch = 0;
   int64_t num_batches = 0;
   int64_t resume_batch = 0;  // after load_state: the first batch of the next epoch begun
-  int64_t stopped_at = 0;    // an iteration left after this many batches of epoch - 1 (0: none)
 };
 
 struct SchedulerEntry {

@@ -26,7 +26,6 @@ EpochPlan Engine::loader_begin_epoch(size_t loader) {
   LoaderEntry& e = s.loaders.at(loader);
   EpochPlan plan = make_epoch_plan(e.spec, e.epoch++);
   plan.first_batch = std::exchange(e.resume_batch, 0);  // load_state resumes mid-epoch once
-  e.stopped_at = 0;
   s.active.push_back({loader, plan.first_batch - 1, plan.num_batches, 0});
   return plan;
 }
@@ -45,9 +44,6 @@ void Engine::loader_end(size_t loader) noexcept {
   auto& active = impl_->active;
   for (auto it = active.rbegin(); it != active.rend(); ++it) {
     if (it->id == loader) {
-      // A loop that breaks out early stopped mid-epoch: a checkpoint resumes from there.
-      const bool early = it->batch >= 0 && it->batch + 1 < it->num_batches;
-      if (loader < impl_->loaders.size()) impl_->loaders[loader].stopped_at = early ? it->batch + 1 : 0;
       active.erase(std::next(it).base());
       return;
     }

@@ -32,40 +32,40 @@ std::string shard_name(size_t k, size_t n) {
 }
 
 // name -> file, for every tensor of the weights at `path`.
-std::map<std::string, fs::path> weight_files(const fs::path& path) {
+std::map<std::string, fs::path> weight_files(const fs::path& path, const std::string& who) {
   std::error_code ec;
   std::map<std::string, fs::path> out;
   if (fs::is_regular_file(path, ec)) {
     for (auto& [name, t] : load_safetensors(path.string())) out[name] = path;
     return out;
   }
-  if (!fs::is_directory(path, ec)) throw Error("load_weights: '" + path.string() + "' does not exist");
+  if (!fs::is_directory(path, ec)) throw Error(who + ": '" + path.string() + "' does not exist");
   if (fs::exists(path / kIndex, ec)) {
     const json index = json::parse(detail::read_file(path / kIndex), nullptr, false);
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
-      throw Error("load_weights: '" + (path / kIndex).string() + "' has no weight_map object");
+      throw Error(who + ": '" + (path / kIndex).string() + "' has no weight_map object");
     for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
       if (!it.value().is_string() || it.value().get<std::string>().find('/') != std::string::npos)
-        throw Error("load_weights: '" + (path / kIndex).string() + "': '" + it.key() + "' maps to " + it.value().dump());
+        throw Error(who + ": '" + (path / kIndex).string() + "': '" + it.key() + "' maps to " + it.value().dump());
       out[it.key()] = path / it.value().get<std::string>();
     }
     return out;
   }
-  if (fs::exists(path / kSingle, ec)) return weight_files(path / kSingle);
-  throw Error("load_weights: '" + path.string() + "' holds neither " + kSingle + " nor " + kIndex);
+  if (fs::exists(path / kSingle, ec)) return weight_files(path / kSingle, who);
+  throw Error(who + ": '" + path.string() + "' holds neither " + kSingle + " nor " + kIndex);
 }
 
 // Every tensor of the weights at `path`, reading each file once.
-NamedTensors read_weights(const fs::path& path) {
+NamedTensors read_weights(const fs::path& path, const std::string& who) {
   std::map<fs::path, std::vector<std::string>> by_file;
-  for (auto& [name, file] : weight_files(path)) by_file[file].push_back(name);
+  for (auto& [name, file] : weight_files(path, who)) by_file[file].push_back(name);
   NamedTensors out;
   for (auto& [file, names] : by_file) {
     std::map<std::string, torch::Tensor> got;
     for (auto& [name, t] : load_safetensors(file.string())) got[name] = t;
     for (auto& name : names) {
       auto it = got.find(name);
-      if (it == got.end()) throw Error("load_weights: '" + file.string() + "' lacks '" + name + "', which the index lists");
+      if (it == got.end()) throw Error(who + ": '" + file.string() + "' lacks '" + name + "', which the index lists");
       out.emplace_back(name, it->second);
     }
   }
@@ -79,20 +79,21 @@ uint64_t parse_size(const std::string& text) {
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
   std::string unit = text.substr(i);
   for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  static const std::map<std::string, double> units = {{"", 1},         {"B", 1},           {"KB", 1e3},
-                                                      {"MB", 1e6},     {"GB", 1e9},        {"KIB", 1024.0},
-                                                      {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
+  static const std::map<std::string, double> units = {
+      {"", 1},           {"B", 1},          {"KB", 1e3},           {"MB", 1e6},          {"GB", 1e9},
+      {"TB", 1e12},      {"KIB", 1024.0},   {"MIB", 1048576.0},    {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
   char* end = nullptr;
   const double number = i > 0 ? std::strtod(text.substr(0, i).c_str(), &end) : -1;
   auto it = units.find(unit);
-  if (i == 0 || it == units.end() || number <= 0)
-    throw Error("max_shard_size: '" + text + "' is not a size (allowed: a positive number with B, KB, MB, GB, KiB, MiB or GiB)");
+  if (i == 0 || it == units.end() || number <= 0 || number * it->second >= 9.2e18)
+    throw Error("max_shard_size: '" + text +
+                "' is not a size (allowed: a positive number below 9.2e18 bytes with B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)");
   return static_cast<uint64_t>(number * it->second);
 }
 
 void load_weights(torch::nn::Module& module, const std::string& path, bool strict) {
   std::map<std::string, torch::Tensor> weights;
-  for (auto& [name, t] : read_weights(path)) weights[name] = t;
+  for (auto& [name, t] : read_weights(path, "load_weights")) weights[name] = t;
   torch::NoGradGuard no_grad;
   std::vector<std::string> missing;
   auto load = [&](const std::string& name, torch::Tensor& target) {
@@ -120,7 +121,7 @@ void load_weights(torch::nn::Module& module, const std::string& path, bool stric
 }
 
 void merge_weights(const std::string& path, const std::string& out) {
-  save_safetensors(out, read_weights(path), {{"format", "pt"}});
+  save_safetensors(out, read_weights(path, "merge-weights"), {{"format", "pt"}});
 }
 
 namespace detail {

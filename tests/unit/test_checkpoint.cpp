@@ -68,10 +68,12 @@ void train(const std::string& strategy, const fs::path& project, int until, bool
       opt.step();
       sched.step();
       opt.zero_grad();
-      if (++micro.value == until) break;
+      if (++micro.value == until) {
+        if (save) acc.save_state();  // mid-epoch: the iteration is under way
+        break;
+      }
     }
   }
-  if (save) acc.save_state();
   auto full = acc.get_state_dict(model);
   if (acc.is_main_process()) hasten::save_safetensors((out / "params.safetensors").string(), full);
   hasten::NamedTensors moments;
@@ -230,7 +232,7 @@ TEST(Checkpoint, DamagedCheckpointsAreRefusedAndTheNewestCompleteOneIsLoaded) {
   EXPECT_NE(e.find("model.safetensors' does not match its checksum (corrupt)"), std::string::npos) << e;
   EXPECT_EQ(run.acc->load_state(), (ckpts / "checkpoint_1").string());
   EXPECT_TRUE(torch::equal(run.net->weight, weight_at_1));
-  EXPECT_EQ(run.acc->save_iteration(), 2);
+  EXPECT_EQ(run.acc->save_iteration(), 3) << "after the newest numbered directory: the damaged one is left alone";
   // Truncated, missing manifest, a save that died (temporary directory), nothing left.
   fs::resize_file(ckpts / "checkpoint_1" / "optimizer.rank0.safetensors", 10);
   e = error_of([&] { run.acc->load_state((ckpts / "checkpoint_1").string()); });
@@ -242,7 +244,7 @@ TEST(Checkpoint, DamagedCheckpointsAreRefusedAndTheNewestCompleteOneIsLoaded) {
   e = error_of([&] { run.acc->load_state(); });
   EXPECT_NE(e.find("no complete checkpoint under '" + ckpts.string() + "' (3 damaged or incomplete"), std::string::npos) << e;
   e = error_of([&] { run.acc->load_state((dir.path() / "nowhere").string()); });
-  EXPECT_NE(e.find("has no manifest.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("nowhere' does not exist"), std::string::npos) << e;
 }
 
 TEST(Checkpoint, AnExplicitDirectoryIsReplacedAtomicallyAndMismatchesAreNamed) {
@@ -257,6 +259,32 @@ TEST(Checkpoint, AnExplicitDirectoryIsReplacedAtomicallyAndMismatchesAreNamed) {
   run.acc->save_state(target.string());  // again: the new one replaces the old
   EXPECT_TRUE(fs::exists(target / "manifest.json"));
   EXPECT_FALSE(fs::exists(dir.path() / "mine.replaced"));
+  // Anything at the target that is not a checkpoint is left alone.
+  fs::create_directories(dir.path() / "notes");
+  std::ofstream(dir.path() / "notes" / "todo.txt") << "mine\n";
+  std::string refused = error_of([&] { run.acc->save_state((dir.path() / "notes").string()); });
+  EXPECT_NE(refused.find("exists and is not a hasten checkpoint (no manifest.json); it is left alone"), std::string::npos)
+      << refused;
+  EXPECT_TRUE(fs::exists(dir.path() / "notes" / "todo.txt"));
+  refused = error_of([&] { run.acc->save_state(dir.path().string()); });
+  EXPECT_NE(refused.find("is not a hasten checkpoint"), std::string::npos) << refused;
+  // A relative name of one component (save_state("ckpt")) is a directory in the working one.
+  const fs::path cwd = fs::current_path();
+  fs::current_path(dir.path());
+  EXPECT_EQ(error_of([&] { run.acc->save_state("ckpt"); }), "(no error)");
+  fs::current_path(cwd);
+  EXPECT_TRUE(fs::exists(dir.path() / "ckpt" / "manifest.json"));
+  // Another optimizer type is refused before anything is loaded into it.
+  {
+    Accelerator sgd_run(o);
+    torch::nn::Linear lin(4, 2);
+    torch::optim::SGD sgd(lin->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    auto prepared_sgd = sgd_run.prepare(lin, sgd);
+    (void)prepared_sgd;
+    const std::string mismatch = error_of([&] { sgd_run.load_state(target.string()); });
+    EXPECT_NE(mismatch.find("optimizer 0 was Adam when saved, this program prepared SGD"), std::string::npos)
+        << mismatch;
+  }
   // A program that prepared something else is told what differs.
   Accelerator other(o);
   torch::nn::Linear small(4, 2), extra(2, 2);
