@@ -78,11 +78,36 @@ torch::Tensor Engine::gather(const torch::Tensor& tensor) {
   return out;
 }
 
+namespace {
+
+// After a loop over a whole epoch: a tensor of one row per sample the rank was given that
+// epoch (its per-batch outputs concatenated) has the round's padding at the end of each rank's
+// chunk; the plan says how much each rank got, so only the dataset's samples remain, each once.
+// Another shape (per-batch metrics, a partial epoch) comes back as gathered.
+torch::Tensor drop_epoch_padding(const torch::Tensor& gathered, const torch::Tensor& mine, const EpochPlan& plan) {
+  if (!plan.pad || plan.num_batches == 0 || mine.dim() == 0) return gathered;
+  const int64_t per_rank = plan.num_batches * plan.batch_size;
+  if (mine.size(0) != per_rank || gathered.size(0) != per_rank * plan.world_size) return gathered;
+  std::vector<torch::Tensor> keep;
+  for (int64_t r = 0; r < plan.world_size; ++r) {
+    const int64_t start = ((plan.num_batches - 1) * plan.world_size + r) * plan.batch_size;
+    const int64_t padding = std::clamp<int64_t>(start + plan.batch_size - std::max(start, plan.dataset_size), 0,
+                                                plan.batch_size);
+    keep.push_back(gathered.narrow(0, r * per_rank, per_rank - padding));
+  }
+  return torch::cat(keep, 0);
+}
+
+}  // namespace
+
 torch::Tensor Engine::gather_for_metrics(const torch::Tensor& tensor) {
   Impl& s = *impl_;
   torch::Tensor gathered = gather(tensor);
   const ActiveLoader* loader = s.innermost();
-  if (s.process.world_size == 1 || loader == nullptr || loader->batch < 0) return gathered;
+  if (s.process.world_size == 1) return gathered;
+  if ((loader == nullptr || loader->batch < 0) && s.finished_loader)
+    return drop_epoch_padding(gathered, tensor, s.loaders.at(*s.finished_loader).last_plan);
+  if (loader == nullptr || loader->batch < 0) return gathered;
   // Drop the padding that completed this round: each rank says how many of its trailing
   // samples pad, and the per-rank chunks are contiguous in rank order.
   torch::Tensor pads = gather(torch::tensor({loader->num_padding}, torch::kLong));

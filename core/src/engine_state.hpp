@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,7 @@ struct LoaderEntry {
   int64_t epoch = 0;
   int64_t num_batches = 0;
   int64_t resume_batch = 0;  // after load_state: the first batch of the next epoch begun
+  EpochPlan last_plan;       // the plan of the epoch begun last (gather_for_metrics after it)
 };
 
 struct SchedulerEntry {
@@ -86,6 +88,9 @@ struct Engine::Impl {
   int64_t save_iteration = 0;  // the next automatic checkpoint's number
   std::vector<LoaderEntry> loaders;
   std::vector<ActiveLoader> active;  // innermost loader last
+  // The loader whose iteration ended last, and whether it ran to the end of its epoch (a
+  // whole-epoch gather_for_metrics after the loop drops that epoch's padding).
+  std::optional<size_t> finished_loader;
 
   // Gradient accumulation state.
   bool sync = true;

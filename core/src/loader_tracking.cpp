@@ -26,7 +26,9 @@ EpochPlan Engine::loader_begin_epoch(size_t loader) {
   LoaderEntry& e = s.loaders.at(loader);
   EpochPlan plan = make_epoch_plan(e.spec, e.epoch++);
   plan.first_batch = std::exchange(e.resume_batch, 0);  // load_state resumes mid-epoch once
+  e.last_plan = plan;
   s.active.push_back({loader, plan.first_batch - 1, plan.num_batches, 0});
+  s.finished_loader.reset();
   return plan;
 }
 
@@ -44,6 +46,8 @@ void Engine::loader_end(size_t loader) noexcept {
   auto& active = impl_->active;
   for (auto it = active.rbegin(); it != active.rend(); ++it) {
     if (it->id == loader) {
+      const bool whole_epoch = it->batch >= 0 && it->batch + 1 == it->num_batches;
+      impl_->finished_loader = whole_epoch ? std::optional<size_t>(loader) : std::nullopt;
       active.erase(std::next(it).base());
       return;
     }

@@ -200,3 +200,32 @@ TEST(UserApi, Zero3HoldsNoFullParametersAfterAnEvaluationUnderNoGrad) {
     opt.step();
   }
 }
+
+// gather_for_metrics once on a whole epoch's outputs (concatenated per rank) returned the
+// padded duplicates: 12 items for 9 samples on 2 ranks. Now each sample counts once.
+TEST(UserApi, GatherForMetricsOfAWholeEpochCountsEverySampleOnce) {
+  hasten::launch(
+      [] {
+        Accelerator acc;
+        auto x = torch::arange(9, torch::kFloat).unsqueeze(1);
+        hasten::DataLoader data(hasten::TensorDataset(x, torch::arange(9)), {.batch_size = 2, .shuffle = true, .seed = 1});
+        auto loader = acc.prepare(data);
+        for (int epoch = 0; epoch < 2; ++epoch) {
+          std::vector<torch::Tensor> seen;
+          for (auto& b : loader) seen.push_back(b.target);
+          const auto all = acc.gather_for_metrics(torch::cat(seen));
+          const auto sorted = std::get<0>(all.sort());
+          if (!torch::equal(sorted, torch::arange(9)))
+            throw std::runtime_error("epoch " + std::to_string(epoch) + ": gathered " + std::to_string(all.numel()) +
+                                     " items, not the 9 samples once each");
+        }
+        // A partial epoch cannot be told apart from padding: it comes back as gathered.
+        std::vector<torch::Tensor> seen;
+        for (auto& b : loader) {
+          seen.push_back(b.target);
+          break;
+        }
+        if (acc.gather_for_metrics(torch::cat(seen)).numel() != 4) throw std::runtime_error("a partial epoch was trimmed");
+      },
+      ranks(2));
+}

@@ -180,7 +180,9 @@ class Accelerator {
 
   // Collectives: every rank must call them, in the same order.
   torch::Tensor gather(const torch::Tensor& tensor) { return engine_->gather(tensor); }
-  // gather, then drops the samples that pad the loader's last round (exact counts).
+  // gather, then drops the samples that pad the loader's last round (exact counts): per batch
+  // inside the loop, or, after a loop over a whole epoch, on the epoch's outputs concatenated
+  // (one row per sample the rank was given), so each sample counts once.
   torch::Tensor gather_for_metrics(const torch::Tensor& tensor) {
     return engine_->gather_for_metrics(tensor);
   }
