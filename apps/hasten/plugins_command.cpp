@@ -12,6 +12,15 @@ namespace hasten::cli {
 
 namespace {
 
+// What a comm plugin serves, as `hasten plugins` and `describe` print it.
+std::string serves_line(const PluginInfo& p) {
+  std::string devices;
+  for (int d : p.serves_device_types)
+    devices += (devices.empty() ? "" : ", ") + std::string(d == 1 ? "cpu" : d == 2 ? "cuda" : std::to_string(d));
+  return "  serves: " + devices + (p.serves_any_machines ? "; ranks on any machines" : "; ranks on one machine") +
+         "; priority " + std::to_string(p.serves_priority) + "\n";
+}
+
 void print_table(const std::vector<PluginInfo>& plugins) {
   std::cout << std::left << std::setw(10) << "KIND" << std::setw(16) << "NAME" << std::setw(9)
             << "VERSION" << std::setw(6) << "ABI" << std::setw(7) << "TIER" << "FILE\n";
@@ -27,11 +36,7 @@ void print_table(const std::vector<PluginInfo>& plugins) {
         std::cout << "  serves: (not declared: selectable by name only, never under comm: auto)\n";
         continue;
       }
-      std::string devices;
-      for (int d : p.serves_device_types)
-        devices += (devices.empty() ? "" : ", ") + std::string(d == 1 ? "cpu" : d == 2 ? "cuda" : std::to_string(d));
-      std::cout << "  serves: " << devices << (p.serves_any_machines ? "; ranks on any machines" : "; ranks on one machine")
-                << "; priority " << p.serves_priority << "\n";
+      std::cout << serves_line(p);
     }
   }
 }
@@ -77,11 +82,7 @@ void describe(const PluginInfo& p, bool markdown) {
     }
     if (!p.config_section.empty()) std::cout << "  config section: " << p.config_section << "\n";
     if (p.kind == PluginKind::Comm && p.serves_declared) {
-      std::string devices;
-      for (int d : p.serves_device_types)
-        devices += (devices.empty() ? "" : ", ") + std::string(d == 1 ? "cpu" : d == 2 ? "cuda" : std::to_string(d));
-      std::cout << "  serves: " << devices << (p.serves_any_machines ? "; ranks on any machines" : "; ranks on one machine")
-                << "; priority " << p.serves_priority << "\n";
+      std::cout << serves_line(p);
     }
     for (auto& preset : p.presets)
       std::cout << "  preset " << preset.name << ": " << preset.description << " " << preset.options_json << "\n";

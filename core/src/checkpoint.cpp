@@ -6,11 +6,8 @@
 #include <hasten/safetensors.hpp>
 
 #include <ATen/Context.h>
-#include <c10/util/Type.h>
 #include <ATen/core/Generator.h>
 #include <torch/cuda.h>
-#include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
 
 #include <nlohmann/json.hpp>
 
@@ -20,14 +17,12 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <tuple>
-#include <typeinfo>
-#include <sstream>
 
 #define HASTEN_PLUGIN_TORCH_TIER 1  // sdk::param_state, set_param_state
 #include <hasten/plugin.hpp>
 
 #include "checkpoint_files.hpp"
+#include "optimizer_state.hpp"
 #include "engine_state.hpp"
 
 namespace hasten::detail {
@@ -48,136 +43,15 @@ std::string optimizer_file(size_t i, int rank) {
 std::string gradients_file(size_t i, int rank) {
   return indexed("gradients", i, ".rank" + std::to_string(rank) + ".safetensors");
 }
+std::string optimizer_pieces_file(size_t i, int rank) {
+  return indexed("optimizer", i, ".rank" + std::to_string(rank) + ".safetensors");
+}
+
 std::string rng_file(int rank) { return "random_states_" + std::to_string(rank) + ".safetensors"; }
 std::string custom_file(size_t i, bool tensors) {
   return "custom_checkpoint_" + std::to_string(i) + (tensors ? ".safetensors" : ".bin");
 }
 constexpr const char* kState = "hasten_state.json";
-
-// The optimizer's type, as a checkpoint records it.
-std::string optimizer_type(torch::optim::Optimizer& o) {
-  if (dynamic_cast<torch::optim::AdamW*>(&o)) return "AdamW";
-  if (dynamic_cast<torch::optim::Adam*>(&o)) return "Adam";
-  if (dynamic_cast<torch::optim::SGD*>(&o)) return "SGD";
-  if (dynamic_cast<torch::optim::RMSprop*>(&o)) return "RMSprop";
-  if (dynamic_cast<torch::optim::Adagrad*>(&o)) return "Adagrad";
-  if (dynamic_cast<torch::optim::LBFGS*>(&o)) return "LBFGS";
-  return c10::demangle(typeid(o).name());
-}
-
-std::string optimizer_bytes(torch::optim::Optimizer& optimizer) {
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
-
-void load_optimizer_bytes(torch::optim::Optimizer& optimizer, const std::string& bytes, const std::string& file) {
-  try {
-    torch::serialize::InputArchive archive;
-    std::istringstream in(bytes);
-    archive.load_from(in);
-    optimizer.load(archive);
-  } catch (const c10::Error& e) {
-    throw Error("load_state: '" + file + "' does not fit the prepared optimizer (another optimizer type or other "
-                "parameters?): " + std::string(e.what_without_backtrace()).substr(0, 300));
-  }
-}
-
-std::string optimizer_pieces_file(size_t i, int rank) {
-  return indexed("optimizer", i, ".rank" + std::to_string(rank) + ".safetensors");
-}
-
-// This rank's optimizer state of model `m`'s parameters in the portable layout (plugin.h,
-// strategy slot optimizer_state), names prefixed with "<m>:". Throws Error (unsupported) for
-// an optimizer type whose state hasten cannot read.
-NamedTensors optimizer_pieces(StrategyInstance& strategy, int rank, torch::optim::Optimizer& optimizer,
-                              torch::nn::Module& module, size_t m) {
-  NamedTensors pieces;
-  if (strategy.has_optimizer_state()) {
-    pieces = strategy.optimizer_state(optimizer, module);
-  } else if (rank == 0) {  // unsharded: every rank holds the same state
-    std::set<const void*> stepped;
-    for (auto& group : optimizer.param_groups())
-      for (auto& p : group.params()) stepped.insert(p.unsafeGetTensorImpl());
-    for (auto& named : module.named_parameters()) {
-      if (!stepped.count(named.value().unsafeGetTensorImpl())) continue;
-      for (auto& [key, value] : sdk::param_state(optimizer, named.value())) {
-        const torch::Tensor v = value.detach();
-        if (v.dim() == 0)
-          pieces.emplace_back(named.key() + "/" + key, v);
-        else
-          pieces.emplace_back(named.key() + "/" + key + "@0:" + std::to_string(v.numel()), v.reshape(-1));
-      }
-    }
-  }
-  for (auto& [name, value] : pieces) name = std::to_string(m) + ":" + name;
-  return pieces;
-}
-
-// Every saved rank's pieces of optimizer i, assembled into full state per model:
-// model -> ("<param>/<key>", full 1-D tensor or 0-d scalar).
-std::map<size_t, NamedTensors> assemble_optimizer(const fs::path& dir, size_t i, int saved_world) {
-  struct Full {
-    torch::Tensor scalar;
-    std::vector<std::tuple<int64_t, torch::Tensor>> pieces;
-    int64_t numel = 0;
-  };
-  std::map<std::string, Full> all;
-  for (int r = 0; r < saved_world; ++r) {
-    const fs::path file = dir / optimizer_pieces_file(i, r);
-    if (!fs::exists(file)) continue;  // a rank that held none
-    for (auto& [name, value] : load_safetensors(file.string())) {
-      const auto at = name.rfind('@');
-      if (at == std::string::npos) {
-        all[name].scalar = value;
-        continue;
-      }
-      const auto colon = name.find(':', at);
-      if (colon == std::string::npos) throw Error("load_state: '" + file.string() + "': malformed piece name '" + name + "'");
-      const int64_t offset = std::stoll(name.substr(at + 1, colon - at - 1));
-      Full& f = all[name.substr(0, at)];
-      f.numel = std::max<int64_t>(f.numel, offset + value.numel());
-      f.pieces.emplace_back(offset, value);
-    }
-  }
-  std::map<size_t, NamedTensors> out;
-  for (auto& [name, f] : all) {
-    const auto colon = name.find(':');
-    const size_t model = static_cast<size_t>(std::stoul(name.substr(0, colon)));
-    torch::Tensor full = f.scalar;
-    if (f.pieces.size() == 1 && std::get<1>(f.pieces.front()).numel() == f.numel) {
-      full = std::get<1>(f.pieces.front());  // saved whole (nothing sharded): no copy
-    } else if (!f.pieces.empty()) {
-      full = torch::zeros({f.numel}, std::get<1>(f.pieces.front()).options());
-      for (auto& [offset, piece] : f.pieces) full.narrow(0, offset, piece.numel()).copy_(piece);
-    }
-    out[model].emplace_back(name.substr(colon + 1), full);
-  }
-  return out;
-}
-
-// Sets the optimizer state of the model's own parameters from full state (unsharded).
-void set_optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& module, const NamedTensors& full) {
-  std::map<std::string, std::map<std::string, torch::Tensor>> by_param;
-  for (auto& [name, value] : full) {
-    const auto slash = name.rfind('/');
-    by_param[name.substr(0, slash)][name.substr(slash + 1)] = value;
-  }
-  std::set<const void*> stepped;
-  for (auto& group : optimizer.param_groups())
-    for (auto& p : group.params()) stepped.insert(p.unsafeGetTensorImpl());
-  for (auto& named : module.named_parameters()) {
-    auto it = by_param.find(named.key());
-    if (it == by_param.end() || !stepped.count(named.value().unsafeGetTensorImpl())) continue;
-    for (auto& [key, value] : it->second)
-      if (value.dim() > 0 && value.numel() != named.value().numel())
-        throw Error("load_state: optimizer state '" + named.key() + "/" + key + "' has " + std::to_string(value.numel()) +
-                    " elements, the parameter " + std::to_string(named.value().numel()));
-    sdk::set_param_state(optimizer, named.value(), it->second);
-  }
-}
 
 NamedTensors rng_state() {
   NamedTensors out;
@@ -533,7 +407,9 @@ std::string Engine::load_state(const std::string& requested) {
     const std::string layout = state["optimizers"]["layouts"].at(i).get<std::string>();
     if (layout == "portable") {
       // Every saved rank's pieces, assembled and re-sliced for this run's ranks and strategy.
-      auto full = assemble_optimizer(dir, i, saved_world);
+      std::vector<fs::path> files;
+      for (int r = 0; r < saved_world; ++r) files.push_back(dir / optimizer_pieces_file(i, r));
+      auto full = assemble_optimizer(files);
       for (size_t m = 0; m < s.models.size(); ++m) {
         const NamedTensors& mine = full[m];
         if (s.strategy->has_load_optimizer_state())

@@ -89,15 +89,10 @@ class StrategyInstance : public PluginInstance {
   }
   bool has_load_state_dict() const { return vt().strategy.load_state_dict != nullptr; }
   void load_state_dict(torch::nn::Module& model, const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
-    std::vector<const char*> names;
-    std::vector<hasten_tensor*> values;
-    for (auto& [name, value] : tensors) {
-      names.push_back(name.c_str());
-      values.push_back(reinterpret_cast<hasten_tensor*>(const_cast<torch::Tensor*>(&value)));
-    }
+    const Borrowed b(tensors);
     call("load_state_dict", [&] {
-      return vt().strategy.load_state_dict(instance_, h(model), names.data(), values.data(),
-                                           static_cast<uint32_t>(names.size()));
+      return vt().strategy.load_state_dict(instance_, h(model), b.names.data(), b.values.data(),
+                                           static_cast<uint32_t>(b.names.size()));
     });
   }
   bool has_optimizer_state() const { return vt().strategy.optimizer_state != nullptr; }
@@ -114,15 +109,10 @@ class StrategyInstance : public PluginInstance {
   bool has_load_optimizer_state() const { return vt().strategy.load_optimizer_state != nullptr; }
   void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& model,
                             const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
-    std::vector<const char*> names;
-    std::vector<hasten_tensor*> values;
-    for (auto& [name, value] : tensors) {
-      names.push_back(name.c_str());
-      values.push_back(reinterpret_cast<hasten_tensor*>(const_cast<torch::Tensor*>(&value)));
-    }
+    const Borrowed b(tensors);
     call("load_optimizer_state", [&] {
-      return vt().strategy.load_optimizer_state(instance_, h(optimizer), h(model), names.data(), values.data(),
-                                                static_cast<uint32_t>(names.size()));
+      return vt().strategy.load_optimizer_state(instance_, h(optimizer), h(model), b.names.data(), b.values.data(),
+                                                static_cast<uint32_t>(b.names.size()));
     });
   }
   bool has_clip_grad_norm() const { return vt().strategy.clip_grad_norm != nullptr; }
@@ -135,6 +125,17 @@ class StrategyInstance : public PluginInstance {
   }
 
  private:
+  // Named tensors as the ABI passes them: parallel arrays of borrowed names and handles.
+  struct Borrowed {
+    explicit Borrowed(const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+      for (auto& [name, value] : tensors) {
+        names.push_back(name.c_str());
+        values.push_back(reinterpret_cast<hasten_tensor*>(const_cast<torch::Tensor*>(&value)));
+      }
+    }
+    std::vector<const char*> names;
+    std::vector<hasten_tensor*> values;
+  };
   static hasten_module* h(torch::nn::Module& m) { return reinterpret_cast<hasten_module*>(&m); }
   static hasten_optimizer* h(torch::optim::Optimizer& o) {
     return reinterpret_cast<hasten_optimizer*>(&o);
