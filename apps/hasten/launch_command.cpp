@@ -5,6 +5,7 @@
 #include <hasten/detail/launch_contract.hpp>
 #include <hasten/error.hpp>
 #include <hasten/process.hpp>
+#include <hasten/registry.hpp>
 #include <hasten/runtime_info.hpp>
 
 #include <nlohmann/json.hpp>
@@ -84,6 +85,7 @@ int launch(const LaunchFlags& flags) {
   options.set = flags.set;
   const Environment env = current_environment();
   const Config config = resolve_config(options, env);
+  check_config_plugins(config);  // one error here, not the same one from every worker
 
   LaunchPlan plan;
   plan.command = flags.command;

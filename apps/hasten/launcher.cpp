@@ -127,6 +127,8 @@ std::vector<std::pair<std::string, std::string>> LaunchPlan::worker_env(int loca
   auto env = this->env;
   for (auto& kv : detail::torchrun_env(place)) env.push_back(std::move(kv));
   env.emplace_back("HASTEN_LAUNCHED", "1");
+  // The launcher starts every line with "[rank r] ": the workers' log lines leave it out.
+  if (prefix_output) env.emplace_back("HASTEN_RANK_PREFIXED", "1");
   return env;
 }
 

@@ -26,6 +26,10 @@
 #include "strategy_instance.hpp"
 #include "tracker_instance.hpp"
 
+namespace torch::autograd {
+struct Node;
+}  // namespace torch::autograd
+
 namespace hasten::detail {
 
 struct ModelEntry {
@@ -33,6 +37,12 @@ struct ModelEntry {
   bool sync_enabled = true;  // what the strategy was last told
   std::vector<UnitBase*> units;  // nested hasten::Unit modules (1..n), attached to this engine
   bool root_is_unit = false;     // the model is itself a hasten::Unit (its forward reports unit 0)
+  // Calls of the prepared model since the last backward, and the autograd nodes of their
+  // outputs: a backward that reaches this model's parameters through none of them used the
+  // module directly (`model->forward(x)`), past autocast and the strategy's events.
+  bool forwarded = false;
+  bool outputs_untracked = false;  // its forward returns a type hasten cannot look into
+  std::vector<std::weak_ptr<torch::autograd::Node>> output_nodes;
 };
 
 struct OptimizerEntry {
@@ -107,7 +117,9 @@ struct Engine::Impl {
     return a != nullptr && a->batch >= 0 && a->batch == a->num_batches - 1;
   }
 
-  Communicator& communicator() { return *comm; }
+  // Refuses a backward that reaches a prepared model's parameters without a call of the
+  // prepared model (bypassed_forward.cpp).
+  void check_prepared_forwards(const torch::Tensor& loss);
 
   // An allreduce of a whole tensor over the communicator (collectives.cpp).
   void allreduce_(torch::Tensor& t, hasten_reduce_op op);

@@ -15,6 +15,7 @@ void Engine::model_forward_enter(size_t model) {
 }
 
 void Engine::model_forward_exit(size_t model, std::vector<torch::Tensor>& outputs) {
+  model_forward_outputs(model, outputs);  // before the strategy sees (and may wrap) them
   ModelEntry& m = impl_->models.at(model);
   if (impl_->unit_events && !m.root_is_unit) impl_->strategy->unit_post_forward(*m.module, 0, outputs);
 }

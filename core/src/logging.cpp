@@ -49,7 +49,10 @@ std::shared_ptr<spdlog::logger> get_logger(const std::string& name, bool main_pr
   if (auto existing = spdlog::get(key)) return existing;
   auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
   auto logger = std::make_shared<spdlog::logger>(key, sink);
-  std::string pattern = info.world_size > 1 ? "[%H:%M:%S.%e] [rank " + std::to_string(info.rank) +
+  // Under `hasten launch` with several workers the launcher prefixes every line with the rank.
+  const char* prefixed = std::getenv("HASTEN_RANK_PREFIXED");
+  const bool with_rank = info.world_size > 1 && !(prefixed != nullptr && std::string(prefixed) == "1");
+  std::string pattern = with_rank ? "[%H:%M:%S.%e] [rank " + std::to_string(info.rank) +
                                                   "] [" + name + "] [%^%l%$] %v"
                                             : "[%H:%M:%S.%e] [" + name + "] [%^%l%$] %v";
   logger->set_pattern(pattern);

@@ -1,10 +1,14 @@
 // What prepared models hold: full and sharded state dicts and the memory report, from the
 // strategy when it shards, otherwise from the whole models every rank keeps.
 #define HASTEN_PLUGIN_TORCH_TIER 1  // sdk::optimizer_state_bytes
+#include <hasten/error.hpp>
 #include <hasten/plugin.hpp>
 
 #include <torch/nn/module.h>
 
+#include <nlohmann/json.hpp>
+
+#include <map>
 #include <set>
 
 #include "engine_state.hpp"
@@ -28,6 +32,62 @@ std::vector<std::pair<std::string, torch::Tensor>> Engine::state_dict(size_t mod
   if (kind == 0)
     for (auto& named : m.module->named_buffers()) out.emplace_back(named.key(), named.value().detach().clone());
   return out;
+}
+
+void Engine::check_unwrap(size_t model) const {
+  const Impl& s = *impl_;
+  const ModelEntry& m = s.models.at(model);
+  if (!s.strategy->has_state_dict()) return;  // every rank holds the whole model
+  for (auto& p : m.module->parameters())
+    if (p.numel() == 0)
+      throw UsageError("unwrap_model: strategy '" + s.strategy->name() +
+                       "' keeps only shards of this model's parameters between forwards (the module's own are "
+                       "empty now), so torch::save or a forward of the unwrapped module would see no weights; "
+                       "for the weights call acc.get_state_dict(model) or acc.save_model(model, dir), for a module "
+                       "with every parameter whole acc.full_model(model) (a copy, on every rank); model->member "
+                       "reaches the module's other members");
+}
+
+void Engine::fill_full_copy(size_t model, torch::nn::Module& copy) {
+  Impl& s = *impl_;
+  auto full = state_dict(model, 0);  // rank 0's, one unit at a time
+  if (s.process.world_size > 1) {
+    // Rank 0 says what it has (names, dtypes, shapes); every rank then receives the tensors.
+    nlohmann::json layout = nlohmann::json::array();
+    for (auto& [name, t] : full)
+      layout.push_back({{"name", name}, {"dtype", static_cast<int>(t.scalar_type())}, {"shape", t.sizes().vec()}});
+    const auto received = nlohmann::json::parse(broadcast(layout.dump(), 0));
+    if (!s.process.is_main_process()) {
+      full.clear();
+      for (auto& e : received)
+        full.emplace_back(e.at("name").get<std::string>(),
+                          torch::empty(e.at("shape").get<std::vector<int64_t>>(),
+                                       torch::TensorOptions(static_cast<c10::ScalarType>(e.at("dtype").get<int>()))
+                                           .device(s.device)));
+    }
+    for (auto& [name, t] : full) {
+      t = t.contiguous();
+      broadcast_(t, 0);
+    }
+  }
+  std::map<std::string, torch::Tensor> by_name(full.begin(), full.end());
+  torch::NoGradGuard no_grad;
+  auto take = [&](const std::string& name, torch::Tensor& target, bool parameter) {
+    auto it = by_name.find(name);
+    if (it == by_name.end())
+      throw UsageError("full_model: the copy has " + std::string(parameter ? "parameter" : "buffer") + " '" + name +
+                       "' that the prepared model does not (clone() must build the same module)");
+    if (parameter)
+      target.set_data(it->second.to(target.device()));
+    else
+      target.set_data(it->second.to(target.device()).clone());
+    by_name.erase(it);
+  };
+  for (auto& named : copy.named_parameters()) take(named.key(), named.value(), true);
+  for (auto& named : copy.named_buffers()) take(named.key(), named.value(), false);
+  if (!by_name.empty())
+    throw UsageError("full_model: the copy lacks '" + by_name.begin()->first +
+                     "' of the prepared model (clone() must build the same module)");
 }
 
 MemoryReport Engine::memory_report() {

@@ -35,20 +35,31 @@ DestroyFn destroy_slot(const LoadedPlugin& p) {
 
 }  // namespace
 
-PluginInstance::PluginInstance(const PluginSelection& selection, const hasten_host_api* host,
-                               const std::string& user_options_json)
-    : plugin_(selection.plugin), preset_(selection.preset) {
-  // Options: the preset's, with the user's on top.
+std::string plugin_label(const PluginSelection& selection) {
+  const PluginInfo& info = selection.plugin->info;
+  std::string s = std::string(to_string(info.kind)) + " plugin '" + info.name + "'";
+  if (!selection.preset.empty()) s += " (preset '" + selection.preset + "')";
+  return s + " (" + info.file + ")";
+}
+
+std::string plugin_options(const PluginSelection& selection, const std::string& user_options_json) {
+  // The preset's options, with the user's on top.
   nlohmann::json options = nlohmann::json::parse(selection.preset_options_json, nullptr, false);
   nlohmann::json user = nlohmann::json::parse(user_options_json, nullptr, false);
   if (options.is_discarded() || !options.is_object()) options = nlohmann::json::object();
   if (user.is_discarded() || !user.is_object())
-    throw PluginError(label() + ": options are not a JSON object: " + user_options_json);
+    throw PluginError(plugin_label(selection) + ": options are not a JSON object: " + user_options_json);
   options.merge_patch(user);
   // A plugin that describes its options never sees a key or a value its description refuses.
-  if (const std::string why = described_options_error(plugin_->info, options); !why.empty())
-    throw PluginError(label() + ": " + why);
-  const std::string text = options.dump();
+  if (const std::string why = described_options_error(selection.plugin->info, options); !why.empty())
+    throw PluginError(plugin_label(selection) + ": " + why);
+  return options.dump();
+}
+
+PluginInstance::PluginInstance(const PluginSelection& selection, const hasten_host_api* host,
+                               const std::string& user_options_json)
+    : plugin_(selection.plugin), preset_(selection.preset) {
+  const std::string text = plugin_options(selection, user_options_json);
   clear_plugin_error();
   hasten_status status = HASTEN_OK;
   try {
@@ -71,9 +82,10 @@ PluginInstance::~PluginInstance() {
 }
 
 std::string PluginInstance::label() const {
-  std::string s = std::string(to_string(plugin_->info.kind)) + " plugin '" + plugin_->info.name + "'";
-  if (!preset_.empty()) s += " (preset '" + preset_ + "')";
-  return s + " (" + plugin_->info.file + ")";
+  PluginSelection selection;
+  selection.plugin = plugin_;
+  selection.preset = preset_;
+  return plugin_label(selection);
 }
 
 void PluginInstance::fail(const char* op, hasten_status status) const {

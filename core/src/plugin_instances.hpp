@@ -14,6 +14,12 @@
 
 namespace hasten::detail {
 
+// "strategy plugin 'ddp' (preset 'zero2') (/path/libhasten-strategy-ddp.so)"
+std::string plugin_label(const PluginSelection& selection);
+// The options create() receives: the preset's with the user's JSON object on top, checked
+// against the plugin's description; PluginError naming the plugin otherwise.
+std::string plugin_options(const PluginSelection& selection, const std::string& user_options_json);
+
 class PluginInstance {
  public:
   PluginInstance(const PluginSelection& selection, const hasten_host_api* host,

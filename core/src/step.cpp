@@ -78,6 +78,7 @@ void Engine::backward(const torch::Tensor& loss, bool retain_graph) {
                      "`acc.accumulate(model);` ends at once), so this loss would be neither divided by the "
                      "accumulation steps nor kept local; keep the scope alive for the micro-batch: "
                      "`auto scope = acc.accumulate(model);`");
+  s.check_prepared_forwards(loss);
   if (s.accumulate_depth > 0) s.backward_in_scope = true;
   torch::Tensor l = loss;
   if (s.accumulate_depth > 0 && s.window > 1) l = l / static_cast<double>(s.window);

@@ -7,7 +7,15 @@
 
 #include "plugin_instances.hpp"
 
+namespace hasten {
+struct Config;
+}
+
 namespace hasten::detail {
+
+// The configured trackers with the options of each (tracker_options keyed by the name
+// `trackers` gives it or by its plugin's name); a key that is neither is a ConfigError.
+std::vector<std::pair<PluginSelection, std::string>> choose_trackers(const Config& config);
 
 class TrackerInstance : public PluginInstance {
  public:

@@ -26,33 +26,8 @@ void Engine::init_trackers(const std::string& project, const std::string& hparam
   fs::create_directories(dir, ec);
   if (ec)
     throw Error("init_trackers: cannot create logging directory '" + dir.string() + "': " + ec.message());
-  const auto options = nlohmann::json::parse(s.config.tracker_options);
-  // tracker_options are keyed by the tracker as `trackers` names it, or by the plugin's own
-  // name (a tracker selected by path); a key that is neither is a typo, not an option set to
-  // drop without a word.
-  std::vector<PluginSelection> selected;
-  std::vector<std::string> keys;
-  for (const auto& name : s.config.trackers) {
-    selected.push_back(PluginRegistry::instance().select(PluginKind::Tracker, name));
-    keys.push_back(name);
-    keys.push_back(selected.back().info->name);
-  }
-  for (auto it = options.begin(); it != options.end(); ++it) {
-    if (std::find(keys.begin(), keys.end(), it.key()) != keys.end()) continue;
-    std::string msg = "tracker_options: '" + it.key() + "' is not a configured tracker (trackers: " +
-                      (s.config.trackers.empty() ? std::string("none") : join(s.config.trackers, ", ")) + ")";
-    const std::string near = nearest(it.key(), keys);
-    if (!near.empty()) msg += "; did you mean '" + near + "'?";
-    throw ConfigError("config error: " + msg);
-  }
-  for (size_t i = 0; i < selected.size(); ++i) {
-    const std::string& name = s.config.trackers[i];
-    const std::string& plugin = selected[i].info->name;
-    if (options.contains(name) && name != plugin && options.contains(plugin))
-      throw ConfigError("config error: tracker_options has options for '" + name + "' and for its plugin name '" + plugin +
-                        "'; keep one");
-    const std::string opts = options.contains(name) ? options[name].dump() : options.contains(plugin) ? options[plugin].dump() : "{}";
-    auto tracker = std::make_unique<TrackerInstance>(selected[i], &s.host.api, opts);
+  for (auto& [selection, options] : choose_trackers(s.config)) {
+    auto tracker = std::make_unique<TrackerInstance>(selection, &s.host.api, options);
     tracker->start(project, dir.string(), hparams_json, s.process.rank);
     s.trackers.push_back(std::move(tracker));
   }

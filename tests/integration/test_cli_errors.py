@@ -13,6 +13,7 @@ with tempfile.TemporaryDirectory() as d:
     unknown_key = os.path.join(d, "unknown.yaml")
     with open(unknown_key, "w") as f:
         f.write("mixed_precison: bf16\n")
+    marker = os.path.join(d, "a-worker-started")
     not_plugin = os.path.join(d, "libhasten-tracker-fake.so")
     with open(not_plugin, "w") as f:
         f.write("not a library\n")
@@ -37,6 +38,18 @@ with tempfile.TemporaryDirectory() as d:
         (h.hasten("launch", "--set", "mixed_precison=bf16", "true"), "launch --set with a misspelt key",
          "did you mean 'mixed_precision'"),
         (h.hasten("launch", "--set", "novalue", "true"), "launch --set without a value", "expected KEY=VALUE"),
+        # Config errors that need the plugins: found by the launcher before any worker starts
+        # (a started worker would leave the marker).
+        (h.hasten("launch", "--num_processes", "2", "--strategy", "zro3", "sh", "-c", f"touch {marker}"),
+         "launch with an unknown strategy", "did you mean 'zero3'"),
+        (h.hasten("launch", "--num_processes", "2", "--strategy", "zero3", "--set", "strategy_options={stag: 3}",
+                  "sh", "-c", f"touch {marker}"), "launch with a misspelt strategy option", "'stag'"),
+        (h.hasten("launch", "--set", "mixed_precision=bf16", "--set", "precision_options={dtyp: bf16}",
+                  "sh", "-c", f"touch {marker}"), "launch with a misspelt precision option", "'dtyp'"),
+        (h.hasten("launch", "--set", "trackers=[csv]", "--set", "tracker_options={csvv: {}}",
+                  "sh", "-c", f"touch {marker}"), "launch with tracker options for no tracker", "did you mean 'csv'"),
+        (h.hasten("launch", "--num_processes", "2", "--set", "comm=glo", "sh", "-c", f"touch {marker}"),
+         "launch with an unknown comm backend", "glo"),
         (h.example("--workload", "mlp-huge"), "example with an unknown workload", None),
         (h.example("--steps", "1", "--warmup", "0", "--mixed_precision", "fp16"), "fp16 on a CPU", "needs a CUDA device"),
         (h.example("--steps", "1", "--warmup", "0", "--strategy", "sngle"), "an unknown strategy", "did you mean 'single'"),
@@ -47,6 +60,8 @@ with tempfile.TemporaryDirectory() as d:
     ]
     for cmd, what, expect in cases:
         h.check_clean_failure(h.run(cmd, env=env), what, expect)
+    if os.path.exists(marker):
+        h.fail("a worker started although the launcher's config check should have refused the run")
 
     # Environment typos are errors too.
     p = h.run(h.example("--steps", "1", "--warmup", "0"), env={**env, "HASTEN_MIXED_PRECISON": "bf16"})

@@ -84,9 +84,16 @@ with tempfile.TemporaryDirectory() as d:
 
     # Per-rank logs, and output prefixed with the rank.
     logs = os.path.join(d, "logs")
-    p, _ = launch(["--tee", "--log_dir", logs], ["--steps", "3"], env)
+    p, _ = launch(["--tee", "--log_dir", logs], ["--steps", "3"], {**env, "HASTEN_LOG_LEVEL": "debug"})
     if p.returncode != 0 or "[rank 0] done 3 steps" not in p.stdout:
         h.fail(f"a clean run failed or lost its prefix (exit {p.returncode}):\n{p.stdout}\n{p.stderr}")
+    # hasten's own log lines name the rank once: the launcher's prefix, not the logger's too.
+    log_lines = [line for line in p.stderr.splitlines() if "[hasten]" in line]
+    if not log_lines:
+        h.fail("no hasten log line at HASTEN_LOG_LEVEL=debug:\n" + p.stderr)
+    twice = [line for line in log_lines if line.count("[rank ") != 1]
+    if twice:
+        h.fail("log lines that do not name the rank exactly once:\n" + "\n".join(twice[:5]))
     with open(os.path.join(logs, "rank_0.log")) as f:
         if "done 3 steps" not in f.read():
             h.fail("rank_0.log does not hold rank 0's output")

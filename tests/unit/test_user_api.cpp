@@ -229,3 +229,128 @@ TEST(UserApi, GatherForMetricsOfAWholeEpochCountsEverySampleOnce) {
       },
       ranks(2));
 }
+
+namespace {
+// NetImpl, clonable (full_model copies the module).
+struct CloneNetImpl : torch::nn::Cloneable<CloneNetImpl> {
+  CloneNetImpl() { reset(); }
+  void reset() override {
+    fc1 = register_module("fc1", hasten::Unit<torch::nn::Linear>(6, 16));
+    fc2 = register_module("fc2", hasten::Unit<torch::nn::Linear>(16, 3));
+    register_buffer("calls", torch::zeros({1}));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(fc1(x))); }
+  hasten::Unit<torch::nn::Linear> fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(CloneNet);
+
+void expect_usage_error(const std::function<void()>& call, const std::string& needle, const std::string& what) {
+  try {
+    call();
+  } catch (const hasten::UsageError& e) {
+    if (std::string(e.what()).find(needle) == std::string::npos)
+      throw std::runtime_error(what + ": the error does not say '" + needle + "': " + e.what());
+    return;
+  }
+  throw std::runtime_error(what + ": no UsageError");
+}
+}  // namespace
+
+// unwrap_model under zero3 gave a module whose parameters are freed shards (torch::save of it
+// wrote a file LibTorch later crashed on). Now unwrap says so and full_model gives a whole copy
+// on every rank, under every strategy.
+TEST(UserApi, UnwrapUnderParameterShardingIsRefusedAndFullModelIsWhole) {
+  hasten::test::TempDir dir;
+  for (const std::string strategy : {"ddp", "zero2", "zero3", "fsdp"}) {
+    hasten::launch(
+        [&] {
+          Options o;
+          o.strategy = strategy;
+          Accelerator acc(o);
+          torch::manual_seed(3);
+          CloneNet net;
+          torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.01));
+          auto [model, opt] = acc.prepare(net, adam);
+          torch::manual_seed(4 + acc.process_index());
+          for (int i = 0; i < 3; ++i) {
+            acc.backward(F::cross_entropy(model(torch::randn({8, 6})), torch::randint(0, 3, {8})));
+            opt.step();
+            opt.zero_grad();
+          }
+          const bool frees = strategy == "zero3" || strategy == "fsdp";
+          if (frees)
+            expect_usage_error([&] { acc.unwrap_model(model); }, "acc.full_model(model)", strategy + " unwrap_model");
+          else if (acc.unwrap_model(model).get() != net.get())
+            throw std::runtime_error(strategy + ": unwrap_model is not the module given to prepare");
+          CloneNet full = acc.full_model(model);
+          if (full->fc1->weight.numel() != 6 * 16 || full->fc2->bias.numel() != 3)
+            throw std::runtime_error(strategy + ": full_model has a parameter that is not whole");
+          // The same weights as the prepared model, on every rank: the copy's outputs are the
+          // prepared model's, and its file loads into a fresh module.
+          const auto x = torch::randn({5, 6});
+          torch::Tensor expected;
+          {
+            torch::NoGradGuard no_grad;
+            expected = model(x);
+          }
+          const auto file = dir.path() / (strategy + "-" + std::to_string(acc.process_index()) + ".pt");
+          torch::save(full, file.string());
+          CloneNet loaded;
+          torch::load(loaded, file.string());
+          torch::NoGradGuard no_grad;
+          if (!torch::allclose(loaded(x), expected, 1e-6, 1e-6))
+            throw std::runtime_error(strategy + ": the saved full_model does not compute the prepared model's outputs");
+          // The copy is not attached: training goes on with the prepared model.
+          if (full->fc1->hasten_attached()) throw std::runtime_error(strategy + ": the copy's unit is attached");
+        },
+        ranks(2));
+  }
+}
+
+namespace {
+// Runs `body` on 2 ranks under `strategy` and bf16 with a prepared NetImpl; it must not throw.
+void with_prepared(const std::string& strategy,
+                   const std::function<void(Accelerator&, hasten::PreparedModel<std::shared_ptr<NetImpl>>&,
+                                            std::shared_ptr<NetImpl>&)>& body) {
+  hasten::launch(
+      [&] {
+        Options o;
+        o.strategy = strategy;
+        o.mixed_precision = "bf16";
+        Accelerator acc(o);
+        torch::manual_seed(3);
+        auto net = std::make_shared<NetImpl>();
+        auto model = acc.prepare(net);
+        body(acc, model, net);
+      },
+      ranks(2));
+}
+}  // namespace
+
+// model->forward(x) reached the module past the prepared model: under bf16 it silently ran in
+// float32 (and past the strategy's events). A backward through such a call is now refused;
+// the legitimate shapes of a step (two losses, retain_graph, a penalty on the parameters, a
+// frozen reference computed with the module) still run.
+TEST(UserApi, ABackwardThroughModelArrowForwardIsRefused) {
+  for (const std::string strategy : {"ddp", "zero2", "zero3", "fsdp"}) {
+    with_prepared(strategy, [&](Accelerator& acc, auto& model, auto&) {
+      const auto x = torch::randn({4, 6});
+      expect_usage_error([&] { acc.backward(model->forward(x).sum()); }, "call the prepared model: `model(x)`",
+                         strategy + " model->forward");
+      // A prepared call afterwards: fine.
+      acc.backward(model(x).sum());
+      // Two losses from two calls, each backward on its own.
+      auto a = model(x).sum(), b = model(x * 2).sum();
+      acc.backward(a);
+      acc.backward(b);
+      // One call, two backwards through the kept graph.
+      auto c = model(x).sum();
+      acc.backward(c, /*retain_graph=*/true);
+      acc.backward(c);
+      // A penalty on the parameters next to a prepared call.
+      torch::Tensor penalty = torch::zeros({});
+      for (auto& p : model.parameters()) penalty = penalty + p.pow(2).sum();
+      acc.backward(model(x).sum() + (strategy == "zero3" || strategy == "fsdp" ? torch::zeros({}) : penalty));
+    });
+  }
+}

@@ -34,6 +34,7 @@
 #include <hasten/weights.hpp>
 #include <hasten/work.hpp>
 
+#include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
@@ -145,9 +146,29 @@ class Accelerator {
     return engine_->state_dict(model.index(), 1);
   }
 
+  // The module given to prepare (its members, its plain forward). Under a strategy that frees
+  // parameters between forwards (zero3, fsdp FULL_SHARD) its parameters are empty shards at
+  // rest, so unwrapping it then is a UsageError that names full_model and get_state_dict.
   template <class M>
   const M& unwrap_model(const PreparedModel<M>& model) const {
+    engine_->check_unwrap(model.index());
     return model.module();
+  }
+  // A copy of the model with every parameter and buffer whole, on every rank (collective),
+  // under any strategy: what torch::save, an evaluation outside the loop or an export want.
+  // The module must be clonable (its Impl derives from torch::nn::Cloneable<Impl>).
+  template <class M>
+  M full_model(const PreparedModel<M>& model) {
+    using Impl = detail::module_impl_t<M>;
+    static_assert(std::is_base_of_v<torch::nn::Cloneable<Impl>, Impl>,
+                  "full_model: the module must be clonable: derive its Impl from torch::nn::Cloneable<Impl> "
+                  "(and build its submodules in reset()), as LibTorch's own modules do");
+    auto copy = std::dynamic_pointer_cast<Impl>(detail::module_ptr(model.module())->clone());
+    engine_->fill_full_copy(model.index(), *copy);
+    if constexpr (torch::detail::is_module_holder<M>::value)
+      return M(std::move(copy));
+    else
+      return copy;
   }
 
   // Process information.

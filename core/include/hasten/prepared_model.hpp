@@ -53,7 +53,8 @@ class AutocastGuard {
 }  // namespace detail
 
 // A model after prepare: call it like the module (autocast and the strategy's hooks wrap
-// the forward); `->` reaches the module's members.
+// the forward); `->` reaches the module's members. `model->forward(x)` reaches the module's
+// own forward past both: a backward through such a call is refused (Engine::backward).
 template <class M>
 class PreparedModel {
  public:
@@ -68,7 +69,13 @@ class PreparedModel {
   template <class... Args>
   auto forward(Args&&... args) {
     detail::AutocastGuard guard(*engine_);
-    if (!engine_->unit_events()) return detail::to_float_outputs(module_->forward(std::forward<Args>(args)...));
+    if (!engine_->unit_events()) {
+      auto out = module_->forward(std::forward<Args>(args)...);
+      std::vector<torch::Tensor> outputs;
+      detail::outputs_of(out, outputs);
+      engine_->model_forward_outputs(index_, outputs);
+      return detail::to_float_outputs(std::move(out));
+    }
     // A sharding strategy: unit 0 (the model's own parameters) around the whole forward.
     engine_->model_forward_enter(index_);
     try {

@@ -130,4 +130,12 @@ class PluginRegistry {
   std::unique_ptr<Impl> impl_;
 };
 
+struct Config;
+
+// Checks what a run's config asks of plugins without creating any: the strategy, precision,
+// comm (several processes) and tracker plugins it names exist and accept their options. The
+// launcher calls it before starting workers; it throws the PluginError or ConfigError the
+// workers would.
+void check_config_plugins(const Config& config);
+
 }  // namespace hasten

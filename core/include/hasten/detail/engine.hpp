@@ -48,6 +48,14 @@ class Engine {
   void model_forward_exit(size_t model, std::vector<torch::Tensor>& outputs);
   void unit_enter(size_t model, uint32_t unit);
   void unit_exit(size_t model, uint32_t unit, std::vector<torch::Tensor>& outputs);
+  // The outputs of a prepared model's call where no strategy event reports them (the
+  // backward check of bypassed_forward.cpp looks for them).
+  void model_forward_outputs(size_t model, const std::vector<torch::Tensor>& outputs);
+  // Refuses unwrap_model where the module's parameters are freed shards now.
+  void check_unwrap(size_t model) const;
+  // Fills `copy` (a clone of the model's module) with the model's full parameters and
+  // buffers, on every rank (collective).
+  void fill_full_copy(size_t model, torch::nn::Module& copy);
   // Rethrows an error from a prepared model's forward with what a sharding strategy knows.
   [[noreturn]] void forward_failed(size_t model, const std::exception& error);
   MemoryReport memory_report();

@@ -51,6 +51,18 @@ constexpr bool is_scheduler_v = std::is_base_of_v<torch::optim::LRScheduler, bar
 template <class T>
 constexpr bool is_loader_v = is_data_loader<std::decay_t<T>>::value;
 
+// The module class behind a model argument: a holder's Impl, or a shared_ptr's pointee.
+template <class M, class = void>
+struct module_impl {
+  using type = typename M::element_type;
+};
+template <class M>
+struct module_impl<M, std::enable_if_t<torch::detail::is_module_holder<M>::value>> {
+  using type = typename M::ContainedType;
+};
+template <class M>
+using module_impl_t = typename module_impl<M>::type;
+
 template <class M>
 std::shared_ptr<torch::nn::Module> module_ptr(const M& model) {
   if constexpr (torch::detail::is_module_holder<M>::value)

@@ -1,0 +1,39 @@
+// The launcher's check of a run's config before any worker starts: every plugin the config
+// names exists and accepts its options. Without it a typo (an unknown strategy, a misspelt
+// precision option) is the same error printed by every worker after they all started.
+#include <hasten/config.hpp>
+#include <hasten/plugin.h>
+#include <hasten/registry.hpp>
+
+#include "comm_routing.hpp"
+#include "plugin_instances.hpp"
+#include "tracker_instance.hpp"
+
+namespace hasten {
+
+void check_config_plugins(const Config& config) {
+  auto& registry = PluginRegistry::instance();
+  if (!config.plugin_path.empty()) registry.add_search_directories(config.plugin_path);
+  detail::plugin_options(registry.select(PluginKind::Strategy, config.strategy), config.strategy_options);
+  detail::plugin_options(registry.select(PluginKind::Precision, config.precision), config.precision_options);
+  // Several processes: the CPU backend (the one comm_options go to) and any GPU backend the
+  // config names. The GPU's "auto" depends on the workers' devices, so it is left to them.
+  if (config.num_processes > 1) {
+    ProcessInfo run;
+    run.world_size = config.num_processes;
+    run.num_nodes = config.num_machines;
+    run.local_world_size = config.num_processes / std::max(1, config.num_machines);
+    for (const auto& [device, choice] : config.comm_backends) {
+      if (device != "cpu" && choice == "auto") continue;
+      const int32_t type = device == "cpu" ? kDLCPU : kDLCUDA;
+      const std::string name = detail::choose_comm_backend(type, choice, run);
+      detail::plugin_options(registry.select(PluginKind::Comm, name), device == "cpu" ? config.comm_options : "{}");
+    }
+    if (config.comm_backends.count("cpu") == 0)
+      detail::plugin_options(registry.select(PluginKind::Comm, detail::choose_comm_backend(kDLCPU, "auto", run)),
+                             config.comm_options);
+  }
+  for (const auto& [selection, options] : detail::choose_trackers(config)) detail::plugin_options(selection, options);
+}
+
+}  // namespace hasten
