@@ -13,8 +13,9 @@
 //   acc.end_training();
 //
 // Prepared objects share the Accelerator's state and stay valid after it goes out of scope.
-// They, the scopes and Work have headers of their own (prepared_*.hpp, scopes.hpp, work.hpp);
-// this one includes them all, so a training program needs only this header.
+// They, the scopes, Work and the learning-rate schedules have headers of their own
+// (prepared_*.hpp, scopes.hpp, work.hpp, schedulers.hpp); this one includes them all, so a
+// training program needs only this header.
 #pragma once
 
 #include <hasten/config.hpp>
@@ -29,6 +30,7 @@
 #include <hasten/prepared_scheduler.hpp>
 #include <hasten/process.hpp>
 #include <hasten/safetensors.hpp>
+#include <hasten/schedulers.hpp>
 #include <hasten/scopes.hpp>
 #include <hasten/unit.hpp>
 #include <hasten/weights.hpp>
