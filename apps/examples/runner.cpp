@@ -111,7 +111,9 @@ Result train_libtorch(const Args& a, int64_t batch, int64_t total) {
 }
 
 Result train_hasten(const Args& a, int64_t batch, int64_t total) {
-  hasten::Accelerator acc(a.options);
+  hasten::Options options = a.options;
+  if (a.resume) options.resume = "auto";
+  hasten::Accelerator acc(options);
   torch::manual_seed(0);
   auto model = W::build_model(a.workload, a.units);
   auto [inputs, targets] = W::build_data(a.workload);
@@ -133,20 +135,11 @@ Result train_hasten(const Args& a, int64_t batch, int64_t total) {
   acc.register_for_checkpointing(counter);
   int64_t& step = counter.value;
   Result r;
-  if (a.resume) {
-    // Any checkpoint directory means there is something to continue from: load_state then
-    // takes the newest complete one or says why none can be loaded.
-    bool any = false;
-    std::error_code ec;
-    const auto dir = std::filesystem::path(acc.config().project_dir) / "checkpoints";
-    if (std::filesystem::is_directory(dir, ec))
-      for (auto& e : std::filesystem::directory_iterator(dir, ec))
-        any = any || e.path().filename().string().rfind("checkpoint_", 0) == 0;
-    if (any) {
-      const std::string from = acc.load_state();
-      r.resumed_at = step;
-      if (!a.json) acc.print("resumed at step ", step, " from ", from);
-    }
+  // Config resume (--resume is resume: auto) applies here, after everything is prepared and
+  // registered: the newest complete checkpoint, if there is one.
+  if (const std::string from = acc.resumed_from(); !from.empty()) {
+    r.resumed_at = step;
+    if (!a.json) acc.print("resumed at step ", step, " from ", from);
   }
   std::vector<torch::Tensor> losses;
   losses.reserve(static_cast<size_t>(total));

@@ -487,7 +487,27 @@ std::string Engine::load_state(const std::string& requested) {
     s.save_iteration = std::max<int64_t>(s.save_iteration, n + 1);
   wait_for_everyone();
   get_logger()->info("load_state: resumed from {}", dir.string());
+  s.resume_settled = true;
+  s.resumed_from = dir.string();
   return dir.string();
+}
+
+std::string Engine::resume() {
+  Impl& s = *impl_;
+  if (s.resume_settled) return s.resumed_from;
+  s.resume_settled = true;
+  if (s.config.resume == "no") return "";
+  if (s.config.resume != "auto") return load_state(s.config.resume);
+  // auto: a run with no checkpoint yet starts fresh; one with any (even only damaged ones)
+  // continues from the newest complete one or says why it cannot.
+  const fs::path dir = checkpoints_dir(s.config);
+  std::string any = s.process.rank == 0 && !numbered_checkpoints(dir).empty() ? "yes" : "no";
+  any = broadcast(any, 0);
+  if (any == "no") {
+    get_logger()->info("resume: auto: no checkpoint under {} yet; starting fresh", dir.string());
+    return "";
+  }
+  return load_state("");
 }
 
 }  // namespace hasten::detail

@@ -68,7 +68,7 @@ void Engine::Impl::check_collective(const std::string& op, const torch::Tensor& 
 torch::Tensor Engine::gather(const torch::Tensor& tensor) {
   Impl& s = *impl_;
   torch::Tensor in = (tensor.dim() == 0 ? tensor.reshape({1}) : tensor).contiguous();
-  if (s.process.world_size == 1) return in;
+  if (s.process.world_size == 1) return in.clone();  // a new tensor, as with several processes
   s.check_collective("gather", in);
   auto sizes = in.sizes().vec();
   sizes[0] *= s.process.world_size;

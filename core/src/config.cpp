@@ -164,6 +164,10 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
   c.logging_dir = get_str(merged, "logging_dir");
   c.automatic_checkpoint_naming = merged["automatic_checkpoint_naming"].get<bool>();
   c.total_limit = merged["total_limit"].get<int>();
+  c.resume = merged["resume"].get<std::string>();
+  if (c.resume.empty())
+    throw ConfigError("config error: resume (" + where("resume") +
+                      ") is empty; allowed: no, auto or a checkpoint directory");
   c.timeout_s = merged["timeout_s"].get<double>();
   c.log_level = get_str(merged, "log_level");
   c.step_scheduler_with_optimizer = merged["step_scheduler_with_optimizer"].get<bool>();

@@ -82,6 +82,9 @@ const Schema& core_schema() {
        "save_state() without a directory writes <project_dir>/checkpoints/checkpoint_<N> (always, when true)"},
       {"total_limit", T::Int, 0, {}, 0.0, {},
        "Complete automatic checkpoints kept; older ones are removed after each save (0: keep all)"},
+      {"resume", T::String, "no", {}, {}, {},
+       "Continue from a checkpoint when the loop starts: no, auto (the newest complete one under "
+       "<project_dir>/checkpoints, if any) or a checkpoint directory"},
       {"timeout_s", T::Float, 1800.0, {}, 0.001, {}, "Deadline of rendezvous and of every collective wait"},
       {"log_level", T::Enum, "info", {"trace", "debug", "info", "warn", "error", "off"}, {}, {}, "hasten's log level"},
       {"step_scheduler_with_optimizer", T::Bool, true, {}, {}, {},

@@ -150,6 +150,7 @@ Layer code_layer(const Options& o) {
   if (o.logging_dir) put("logging_dir", *o.logging_dir);
   if (o.automatic_checkpoint_naming) put("automatic_checkpoint_naming", *o.automatic_checkpoint_naming);
   if (o.total_limit) put("total_limit", *o.total_limit);
+  if (o.resume) put("resume", *o.resume);
   if (o.cpu) put("use_cpu", *o.cpu);
   if (o.step_scheduler_with_optimizer) put("step_scheduler_with_optimizer", *o.step_scheduler_with_optimizer);
   if (o.split_batches) put("split_batches", *o.split_batches);

@@ -49,6 +49,7 @@ struct OptimizerEntry {
   torch::optim::Optimizer* optimizer = nullptr;
   std::shared_ptr<void> owner;
   bool last_skipped = false;
+  std::vector<size_t> models;  // the prepared models whose parameters it steps
 };
 
 struct LoaderEntry {
@@ -96,6 +97,9 @@ struct Engine::Impl {
   std::vector<SchedulerEntry> schedulers;
   std::vector<CheckpointObject> checkpoint_objects;
   int64_t save_iteration = 0;  // the next automatic checkpoint's number
+  // Config `resume`: settled by the first load_state, resumed_from() or start of the loop.
+  bool resume_settled = false;
+  std::string resumed_from;  // the checkpoint this run continued from ("" if none)
   std::vector<LoaderEntry> loaders;
   std::vector<ActiveLoader> active;  // innermost loader last
   // The loader whose iteration ended last, and whether it ran to the end of its epoch (a

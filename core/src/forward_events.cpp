@@ -38,6 +38,10 @@ void Engine::forward_failed(size_t model, const std::exception& error) {
                    "LibTorch said: " + what.substr(0, what.find('\n')));
 }
 
+void Engine::forward_begins() {
+  if (!impl_->resume_settled) resume();
+}
+
 void* Engine::autocast_enter() {
   if (!impl_->precision_autocast) return nullptr;
   return impl_->precision->autocast_enter(impl_->dl_device);

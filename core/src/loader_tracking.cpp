@@ -23,6 +23,7 @@ size_t Engine::add_loader(int64_t dataset_size, const DataLoaderOptions& options
 
 EpochPlan Engine::loader_begin_epoch(size_t loader) {
   Impl& s = *impl_;
+  if (!s.resume_settled) resume();  // config resume: the loop starts here
   LoaderEntry& e = s.loaders.at(loader);
   EpochPlan plan = make_epoch_plan(e.spec, e.epoch++);
   plan.first_batch = std::exchange(e.resume_batch, 0);  // load_state resumes mid-epoch once

@@ -6,6 +6,7 @@
 
 #include <torch/nn/utils/clip_grad.h>
 
+#include <algorithm>
 #include <optional>
 #include <set>
 
@@ -19,8 +20,25 @@ size_t Engine::add_optimizer(torch::optim::Optimizer& optimizer, std::shared_ptr
   Impl& s = *impl_;
   for (size_t i = 0; i < s.optimizers.size(); ++i)
     if (s.optimizers[i].optimizer == &optimizer) return i;
+  // The models this optimizer steps (before a sharding strategy swaps its parameters for
+  // shards). Under such a strategy a parameter of no prepared model would stay whole and
+  // unreduced on every rank: its model was not prepared (or not before the optimizer).
+  OptimizerEntry entry{&optimizer, std::move(owner), false, {}};
+  std::set<const void*> unclaimed;
+  for (auto& group : optimizer.param_groups())
+    for (auto& p : group.params()) unclaimed.insert(p.unsafeGetTensorImpl());
+  for (size_t m = 0; m < s.models.size(); ++m) {
+    bool steps_it = false;
+    for (auto& p : s.models[m].module->parameters()) steps_it = unclaimed.erase(p.unsafeGetTensorImpl()) > 0 || steps_it;
+    if (steps_it) entry.models.push_back(m);
+  }
+  if (s.strategy->has_state_dict() && !unclaimed.empty())
+    throw UsageError("prepare: " + std::to_string(unclaimed.size()) + " parameter" + (unclaimed.size() == 1 ? "" : "s") +
+                     " of this optimizer belong to no prepared model, and strategy '" + s.strategy->name() +
+                     "' shards only the parameters of prepared models; prepare the model with (or before) its "
+                     "optimizer: acc.prepare(model, optimizer)");
   s.strategy->prepare_optimizer(optimizer);
-  s.optimizers.push_back({&optimizer, std::move(owner), false});
+  s.optimizers.push_back(std::move(entry));
   return s.optimizers.size() - 1;
 }
 
@@ -129,10 +147,14 @@ void Engine::clip_grad_value(size_t model, double clip_value) {
   torch::nn::utils::clip_grad_value_(s.models.at(model).module->parameters(), clip_value);
   // Under a sharding strategy the gradients the optimizers step are the shards' (the
   // parameters' own are freed between steps): clipping by value is element-wise, so clipping
-  // each rank's shard clips the whole.
+  // each rank's shard clips the whole. Only the optimizers that step this model: another
+  // model's gradients (a GAN's other network) are not this call's to clip. (An optimizer
+  // shared by several models has one set of shards: all of it is clipped.)
   if (s.strategy->has_state_dict())
-    for (auto& e : s.optimizers)
+    for (auto& e : s.optimizers) {
+      if (std::find(e.models.begin(), e.models.end(), model) == e.models.end()) continue;
       for (auto& group : e.optimizer->param_groups()) torch::nn::utils::clip_grad_value_(group.params(), clip_value);
+    }
 }
 
 void Engine::clip_grad_value(const std::vector<torch::Tensor>& parameters, double clip_value) {

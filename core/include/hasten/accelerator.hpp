@@ -273,6 +273,13 @@ class Accelerator {
   void save_model(const PreparedModel<M>& model, const std::string& dir, const std::string& max_shard_size = "10GB") {
     engine_->save_model(model.index(), dir, parse_size(max_shard_size));
   }
+  // Config `resume` (docs/checkpoints.md): `auto` continues from the newest complete
+  // checkpoint under <project_dir>/checkpoints when there is one, a directory from that one,
+  // `no` (the default) starts fresh. It applies once, when the loop starts (a prepared
+  // loader's first epoch or a prepared model's first call; prepare and register everything
+  // before) or at the first call of resumed_from(), which returns the checkpoint the run
+  // continued from ("" when it started fresh). Every rank calls it.
+  std::string resumed_from() { return engine_->resume(); }
   // The number the next automatic checkpoint gets (continues after load_state).
   int64_t save_iteration() const { return engine_->save_iteration(); }
   // Adds an object to every checkpoint. It has `state_dict()` returning either std::string

@@ -34,6 +34,7 @@ struct Options {
   std::optional<std::string> logging_dir;
   std::optional<bool> automatic_checkpoint_naming;
   std::optional<int> total_limit;
+  std::optional<std::string> resume;
   std::optional<bool> cpu;
   std::optional<bool> step_scheduler_with_optimizer;
   std::optional<bool> split_batches;
@@ -78,6 +79,7 @@ struct Config {
   std::string logging_dir;  // "" -> <project_dir>/hasten_logs
   bool automatic_checkpoint_naming = false;  // save_state(dir) ignores dir: checkpoints/checkpoint_N
   int total_limit = 0;                       // automatic checkpoints kept (0: all)
+  std::string resume = "no";  // "no", "auto" or a checkpoint directory (checkpoint.cpp)
   double timeout_s = 1800.0;
   std::string log_level = "info";
   bool step_scheduler_with_optimizer = true;

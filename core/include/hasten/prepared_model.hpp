@@ -10,6 +10,7 @@
 
 #include <exception>
 #include <memory>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -24,17 +25,22 @@ inline torch::Tensor to_float_output(const torch::Tensor& t) {
     return t.to(torch::kFloat);
   return t;
 }
+// Tensors, vectors of them and tuples of those, as outputs_of finds them.
 template <class T>
-T to_float_outputs(T&& value) {
+void to_float_in_place(T& value) {
   using D = std::decay_t<T>;
   if constexpr (std::is_same_v<D, torch::Tensor>) {
-    return to_float_output(value);
+    value = to_float_output(value);
   } else if constexpr (std::is_same_v<D, std::vector<torch::Tensor>>) {
     for (auto& t : value) t = to_float_output(t);
-    return std::forward<T>(value);
-  } else {
-    return std::forward<T>(value);
+  } else if constexpr (is_tuple_like<D>::value) {
+    std::apply([](auto&... parts) { (to_float_in_place(parts), ...); }, value);
   }
+}
+template <class T>
+T to_float_outputs(T&& value) {
+  to_float_in_place(value);
+  return std::forward<T>(value);
 }
 
 // The autocast region of one forward call.
@@ -68,6 +74,7 @@ class PreparedModel {
   }
   template <class... Args>
   auto forward(Args&&... args) {
+    engine_->forward_begins();
     detail::AutocastGuard guard(*engine_);
     if (!engine_->unit_events()) {
       auto out = module_->forward(std::forward<Args>(args)...);

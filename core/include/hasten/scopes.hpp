@@ -5,6 +5,7 @@
 #include <hasten/detail/engine.hpp>
 
 #include <cstddef>
+#include <exception>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -55,7 +56,17 @@ class [[nodiscard]] MainProcessFirst {
     if (!main_) engine_->wait_for_everyone();
   }
   ~MainProcessFirst() noexcept(false) {
-    if (main_) engine_->wait_for_everyone();
+    if (!main_) return;
+    // The main process's block threw: still release the others (they wait at the barrier),
+    // but a failing barrier must not end the program while that error unwinds.
+    if (std::uncaught_exceptions() > uncaught_) {
+      try {
+        engine_->wait_for_everyone();
+      } catch (...) {
+      }
+      return;
+    }
+    engine_->wait_for_everyone();
   }
   MainProcessFirst(const MainProcessFirst&) = delete;
   MainProcessFirst& operator=(const MainProcessFirst&) = delete;
@@ -63,6 +74,7 @@ class [[nodiscard]] MainProcessFirst {
  private:
   std::shared_ptr<detail::Engine> engine_;
   bool main_;
+  int uncaught_ = std::uncaught_exceptions();
 };
 
 }  // namespace hasten

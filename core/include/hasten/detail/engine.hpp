@@ -61,6 +61,8 @@ class Engine {
   MemoryReport memory_report();
   // kind 0: full tensors on rank 0 (collective); kind 1: this rank's shards.
   std::vector<std::pair<std::string, torch::Tensor>> state_dict(size_t model, int kind);
+  // A prepared model is about to run (applies config resume on the first call).
+  void forward_begins();
   void* autocast_enter();
   void autocast_exit(void* token) noexcept;
 
@@ -130,6 +132,10 @@ class Engine {
   std::string save_state(const std::string& dir);
   std::string load_state(const std::string& dir);
   int64_t save_iteration() const;
+  // Config `resume` (no, auto, a directory), applied once: at the first of resume(), the
+  // first epoch of a prepared loader and the first call of a prepared model. Returns the
+  // checkpoint the run continued from ("" if none).
+  std::string resume();
   // Writes the model's full weights into dir in Hugging Face's layout (model_export.cpp).
   void save_model(size_t model, const std::string& dir, uint64_t max_shard_bytes);
 
