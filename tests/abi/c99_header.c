@@ -1,5 +1,8 @@
-/* plugin.h must compile as strict C99 with every warning an error (tests/abi/CMakeLists.txt). */
+/* plugin.h and the plain-C helpers must compile as strict C99 with every warning an error
+ * (tests/abi/CMakeLists.txt). */
 #include <hasten/plugin.h>
+#include <hasten/plugin_error.h>
+#include <hasten/plugin_options.h>
 
 /* Touch every type so the compiler checks them. */
 static size_t sizes(void) {

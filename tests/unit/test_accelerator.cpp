@@ -385,6 +385,44 @@ TEST(Plugins, DescribedOptionsAreCheckedBeforeCreate) {
   EXPECT_NE(m.find("described options: level: expected an integer, got \"high\""), std::string::npos) << m;
 }
 
+TEST(Plugins, ThePlainCOptionsHelperReadsEveryTypeAndNamesWhatIsWrong) {
+  // tests/plugins/c_options_tracker.c reads its options with hasten/plugin_options.h and
+  // describes none, so every check here is the helper's; its create() fails on purpose with
+  // what it read.
+  hasten::test::TempDir logs;
+  auto error_with = [&](const std::string& options) -> std::string {
+    Options o = isolated();
+    o.logging_dir = logs.path().string();
+    o.trackers = std::vector<std::string>{"c_options"};
+    o.set = {{"plugin_path", "[" + std::string(HASTEN_TEST_PLUGIN_DIR) + "/c_options]"},
+             {"tracker_options", "{c_options: " + options + "}"}};
+    Accelerator acc(o);
+    try {
+      acc.init_trackers("p");
+    } catch (const hasten::PluginError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  std::string m = error_with("{}");
+  EXPECT_NE(m.find("read level=1 ratio=0.5 verbose=0 name=none"), std::string::npos) << m;
+  m = error_with("{level: 3, ratio: 2, verbose: true, name: abc}");
+  EXPECT_NE(m.find("read level=3 ratio=2 verbose=1 name=abc"), std::string::npos) << m;
+  m = error_with("{level: high}");
+  EXPECT_NE(m.find("create failed (invalid argument): c_options: option level: expected an integer, got \"high\""),
+            std::string::npos)
+      << m;
+  m = error_with("{ratio: x}");
+  EXPECT_NE(m.find("c_options: option ratio: expected a number, got \"x\""), std::string::npos) << m;
+  m = error_with("{verbose: 1}");
+  EXPECT_NE(m.find("c_options: option verbose: expected true or false, got 1"), std::string::npos) << m;
+  m = error_with("{name: 3}");
+  EXPECT_NE(m.find("c_options: option name: expected a string, got 3"), std::string::npos) << m;
+  m = error_with("{levle: 3}");
+  EXPECT_NE(m.find("c_options options: unknown key 'levle' (allowed: level, ratio, verbose, name)"), std::string::npos)
+      << m;
+}
+
 TEST(Plugins, ACreateThatThrowsDoesNotTakeTheHostDown) {
   hasten::test::TempDir logs;
   Options o = isolated();

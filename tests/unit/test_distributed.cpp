@@ -292,6 +292,48 @@ TEST(Shm, ADeadPeerIsAnErrorNotAHang) {
   EXPECT_NE(text.find("died during allreduce"), std::string::npos) << text;
 }
 
+// The plain-C example comm plugin (sdk/examples/c-plugins), built against the installed SDK
+// alone by tests/abi/c_plugins.sh, which runs these tests with HASTEN_TEST_C_PLUGIN_DIR set to
+// where it built it (abi.c_plugins); skipped otherwise. 1 KiB buffers: everything goes in chunks.
+static const char* c_plugin_dir() { return std::getenv("HASTEN_TEST_C_PLUGIN_DIR"); }
+
+TEST(CExampleComm, EveryOperationAndDtypeWithThreeRanks) {
+  if (c_plugin_dir() == nullptr) GTEST_SKIP() << "run by tests/abi/c_plugins.sh (ctest abi.c_plugins)";
+  hasten::launch(all_operations_and_dtypes,
+                 with_ranks(3, {{"HASTEN_COMM", "c_shm"}, {"HASTEN_PLUGIN_PATH", c_plugin_dir()},
+                                {"HASTEN_COMM_OPTIONS", "{buffer_mb: 0.001}"}}));
+}
+
+TEST(CExampleComm, ADeadPeerIsAnErrorNotAHang) {
+  if (c_plugin_dir() == nullptr) GTEST_SKIP() << "run by tests/abi/c_plugins.sh (ctest abi.c_plugins)";
+  hasten::test::TempDir dir;
+  const std::string marker = (dir.path() / "rank0.txt").string();
+  try {
+    auto o = with_ranks(2, {{"HASTEN_TIMEOUT_S", "20"}, {"HASTEN_COMM", "c_shm"}, {"HASTEN_PLUGIN_PATH", c_plugin_dir()}});
+    o.grace_s = 15;
+    hasten::launch(
+        [marker] {
+          Accelerator acc;
+          auto t = torch::ones({4});
+          acc.all_reduce_(t).wait();
+          if (acc.process_index() == 1) std::_Exit(7);
+          std::signal(SIGTERM, SIG_IGN);
+          try {
+            acc.all_reduce_(t).wait();
+          } catch (const hasten::Error& e) {
+            std::ofstream(marker) << e.what();
+            throw;
+          }
+        },
+        o);
+    FAIL();
+  } catch (const hasten::Error&) {
+  }
+  std::ifstream in(marker);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(text.find("c_shm: rank 1 died during allreduce"), std::string::npos) << text;
+}
+
 TEST(Distributed, InProcessLauncherReportsAFailingRank) {
   try {
     hasten::launch(
