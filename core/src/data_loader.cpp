@@ -6,16 +6,30 @@
 
 namespace hasten {
 
-torch::Tensor Batch::real_mask() const {
-  const int64_t n = size();
+namespace {
+
+torch::Tensor real_mask_of(int64_t n, int64_t num_padding) {
   auto mask = torch::ones({n}, torch::kBool);
   if (num_padding > 0) mask.narrow(0, n - num_padding, num_padding).fill_(false);
   return mask;
 }
 
+}  // namespace
+
+torch::Tensor Batch::real_mask() const { return real_mask_of(size(), num_padding); }
+
 Batch Batch::to(const torch::Device& device, bool non_blocking) const {
   Batch b = *this;
   if (b.input.defined()) b.input = b.input.to(device, non_blocking);
+  if (b.target.defined()) b.target = b.target.to(device, non_blocking);
+  return b;
+}
+
+torch::Tensor ExampleBatch::real_mask() const { return real_mask_of(size(), num_padding); }
+
+ExampleBatch ExampleBatch::to(const torch::Device& device, bool non_blocking) const {
+  ExampleBatch b = *this;
+  if (b.data.defined()) b.data = b.data.to(device, non_blocking);
   if (b.target.defined()) b.target = b.target.to(device, non_blocking);
   return b;
 }
@@ -48,21 +62,54 @@ Batch TensorDataset::get_batch(const std::vector<int64_t>& indices) const {
 
 namespace detail {
 
-Batch collate(std::vector<torch::data::Example<>> examples, const std::vector<int64_t>& indices) {
+namespace {
+
+torch::data::Example<> stack_examples(std::vector<torch::data::Example<>> examples) {
   std::vector<torch::Tensor> data, target;
   data.reserve(examples.size());
   target.reserve(examples.size());
   for (auto& e : examples) {
-    data.push_back(e.data);
-    if (e.target.defined()) target.push_back(e.target);
+    data.push_back(std::move(e.data));
+    if (e.target.defined()) target.push_back(std::move(e.target));
   }
-  Batch b;
-  b.input = torch::stack(data);
+  torch::data::Example<> out;
+  out.data = torch::stack(data);
   if (!target.empty()) {
     if (target.size() != data.size())
       throw Error("DataLoader: some examples have a target and some do not");
-    b.target = torch::stack(target);
+    out.target = torch::stack(target);
   }
+  return out;
+}
+
+}  // namespace
+
+Batch collate(std::vector<torch::data::Example<>> examples, const std::vector<int64_t>& indices) {
+  auto stacked = stack_examples(std::move(examples));
+  Batch b;
+  b.input = std::move(stacked.data);
+  b.target = std::move(stacked.target);
+  b.indices = torch::tensor(indices, torch::kLong);
+  return b;
+}
+
+ExampleBatch collate_examples(std::vector<torch::data::Example<>> examples,
+                              const std::vector<int64_t>& indices) {
+  if (examples.size() != indices.size())
+    throw Error("DataLoader: the dataset's get_batch returned " + std::to_string(examples.size()) +
+                " examples for " + std::to_string(indices.size()) + " indices");
+  return example_batch(stack_examples(std::move(examples)), indices);
+}
+
+ExampleBatch example_batch(torch::data::Example<> stacked, const std::vector<int64_t>& indices) {
+  // A transform that changed the number of samples would break padding and gather_for_metrics.
+  const int64_t n = static_cast<int64_t>(indices.size());
+  if (!stacked.data.defined() || stacked.data.dim() == 0 || stacked.data.size(0) != n)
+    throw Error("DataLoader: the dataset's batch for " + std::to_string(n) +
+                " indices does not have " + std::to_string(n) + " samples along dim 0");
+  ExampleBatch b;
+  b.data = std::move(stacked.data);
+  b.target = std::move(stacked.target);
   b.indices = torch::tensor(indices, torch::kLong);
   return b;
 }

@@ -74,6 +74,7 @@ class Accelerator {
   //   optimizer: an lvalue torch::optim::Optimizer (the caller keeps it alive) or a
   //              std::shared_ptr to one                         -> PreparedOptimizer
   //   loader:    hasten::DataLoader<Dataset>                      -> PreparedDataLoader<Dataset>
+  //              (not torch::data::make_data_loader's: wrap its dataset in hasten::DataLoader)
   //   scheduler: an lvalue torch::optim::LRScheduler or a shared_ptr -> PreparedScheduler<S>
   // Models are prepared first, so the strategy sees every model before any optimizer.
   template <class... T>
@@ -311,17 +312,33 @@ class Accelerator {
   void end_training() { engine_->end_training(); }
 
  private:
+  // One static_assert per argument, chosen so that a LibTorch loader or a bare dataset gets
+  // the message that says what to do instead.
   template <class T>
   static constexpr void check_preparable() {
-    static_assert(detail::is_model_v<T> || detail::is_optimizer_v<T> || detail::is_scheduler_v<T> ||
-                      detail::is_loader_v<T>,
-                  "prepare() takes models (shared_ptr<Module> or module holders), optimizers, "
-                  "schedulers and hasten::DataLoader objects");
-    if constexpr ((detail::is_optimizer_v<T> || detail::is_scheduler_v<T>) &&
-                  !detail::is_shared_ptr<std::decay_t<T>>::value)
-      static_assert(std::is_lvalue_reference_v<T>,
-                    "pass optimizers and schedulers as lvalues (you keep them alive) or as "
-                    "shared_ptr");
+    using D = std::decay_t<T>;
+    if constexpr (detail::is_model_v<T> || detail::is_optimizer_v<T> || detail::is_scheduler_v<T> ||
+                  detail::is_loader_v<T>) {
+      if constexpr ((detail::is_optimizer_v<T> || detail::is_scheduler_v<T>) &&
+                    !detail::is_shared_ptr<D>::value)
+        static_assert(std::is_lvalue_reference_v<T>,
+                      "pass optimizers and schedulers as lvalues (you keep them alive) or as "
+                      "shared_ptr");
+    } else if constexpr (detail::is_torch_loader_v<T>) {
+      static_assert(detail::always_false<T>,
+                    "wrap the dataset in hasten::DataLoader(dataset, {.batch_size = ...}): prepare() "
+                    "does not take LibTorch data loaders (torch::data::make_data_loader); "
+                    "hasten::DataLoader shards the dataset across processes and its batches keep "
+                    "LibTorch's .data and .target");
+    } else if constexpr (detail::is_torch_dataset_v<D> || detail::is_hasten_dataset_v<D>) {
+      static_assert(detail::always_false<T>,
+                    "wrap the dataset in hasten::DataLoader(dataset, {.batch_size = ...}): prepare() "
+                    "takes data loaders, not datasets");
+    } else {
+      static_assert(detail::always_false<T>,
+                    "prepare() takes models (shared_ptr<Module> or module holders), optimizers, "
+                    "schedulers and hasten::DataLoader objects");
+    }
   }
 
   template <class T>
@@ -349,6 +366,8 @@ class Accelerator {
         return PreparedScheduler<S>(object, engine_);
       else  // borrowed: the caller keeps it alive
         return PreparedScheduler<S>(std::shared_ptr<S>(std::shared_ptr<S>(), &object), engine_);
+    } else if constexpr (std::is_same_v<typename detail::prepared<T>::type, detail::unpreparable>) {
+      return {};  // refused by check_preparable or by DataLoader: no second error
     } else {
       using Dataset = typename D::dataset_type;
       const size_t id = engine_->add_loader(static_cast<int64_t>(object.dataset_size()),

@@ -1,28 +1,49 @@
 // hasten's data loader for map-style datasets.
 //
-// A dataset is any type with `size()` (size_t or std::optional<size_t>) and either
+// A dataset is either hasten-style: any type with `size()` (size_t or std::optional<size_t>)
+// and either
 //   Batch get_batch(const std::vector<int64_t>& indices) const   // fast path, or
-//   torch::data::Example<> get(size_t index)                     // collated by stacking.
+//   torch::data::Example<> get(size_t index)                     // collated by stacking,
+// or one of LibTorch's map-style datasets: torch::data::datasets::MNIST, a user's
+// `struct MyData : torch::data::datasets::Dataset<MyData>`, and their .map(...) with
+// transforms such as Normalize<> and Stack<>. LibTorch's are fetched with
+// get_batch(ArrayRef<size_t>); a std::vector<Example<>> result is stacked, an Example<>
+// (after Stack<>) is used as it is. Stateful and stream datasets (ChunkDataset,
+// StreamDataset) are refused at compile time: they have no indices to shard.
 // TensorDataset wraps two tensors and slices batches without copying when the indices are
 // consecutive.
 //
 //   hasten::DataLoader loader(hasten::TensorDataset(x, y), {.batch_size = 32, .shuffle = true});
 //   auto prepared = acc.prepare(loader);
-//   for (auto& batch : prepared) { batch.input; batch.target; }
+//   for (auto& batch : prepared) { batch.input; batch.target; }       // hasten::Batch
+//
+//   using namespace torch::data;
+//   hasten::DataLoader mnist(datasets::MNIST(dir).map(transforms::Normalize<>(0.1307, 0.3081))
+//                                .map(transforms::Stack<>()), {.batch_size = 64, .shuffle = true});
+//   auto batches = acc.prepare(mnist);
+//   for (auto& batch : batches) { batch.data; batch.target; }  // hasten::ExampleBatch
+//
+// Both kinds are sharded, padded and resumed by the same code (detail::EpochPlan); only the
+// batch type differs, so that LibTorch code keeps its `data`/`target` names.
+// torch::data::make_data_loader's loaders are not accepted: wrap their dataset instead.
 //
 // A prepared loader gives rank r its share of one global order (the same seed on every rank,
 // a new order each epoch: seed + epoch), and tells the Accelerator when it is about to yield
 // its last batch, so accumulate() synchronises there.
 #pragma once
 
+#include <torch/data/dataloader/base.h>
 #include <torch/data/example.h>
 #include <torch/types.h>
+
+#include <c10/util/ArrayRef.h>
 
 #include <cstdint>
 #include <functional>
 #include <iterator>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -42,6 +63,18 @@ struct Batch {
   // The non-padding samples, as a boolean mask over dim 0.
   torch::Tensor real_mask() const;
   Batch to(const torch::Device& device, bool non_blocking = false) const;
+};
+
+// One batch of a LibTorch dataset: a torch::data::Example<> (so `data` and `target`, as with
+// LibTorch's own loaders, and usable where an Example<> is expected) with hasten::Batch's
+// bookkeeping. Samples past `size() - num_padding` are padding, as in Batch.
+struct ExampleBatch : torch::data::Example<> {
+  torch::Tensor indices;  // int64 dataset indices of the samples
+  int64_t num_padding = 0;
+
+  int64_t size() const { return indices.defined() ? indices.size(0) : data.size(0); }
+  torch::Tensor real_mask() const;
+  ExampleBatch to(const torch::Device& device, bool non_blocking = false) const;
 };
 
 struct DataLoaderOptions {
@@ -103,6 +136,58 @@ struct has_get_batch : std::false_type {};
 template <class T>
 struct has_get_batch<T, std::void_t<decltype(std::declval<const T&>().get_batch(
                             std::declval<const std::vector<int64_t>&>()))>> : std::true_type {};
+template <class T, class = void>
+struct has_get : std::false_type {};
+template <class T>
+struct has_get<T, std::void_t<decltype(std::declval<T&>().get(size_t{}))>> : std::true_type {};
+template <class T, class = void>
+struct has_size : std::false_type {};
+template <class T>
+struct has_size<T, std::void_t<decltype(std::declval<const T&>().size())>> : std::true_type {};
+
+// LibTorch's datasets (torch::data::datasets::BatchDataset and everything derived from it,
+// .map() results included) name their batch and request types and say whether they are
+// stateful; hasten-style datasets do not.
+template <class T, class = void>
+struct is_torch_dataset : std::false_type {};
+template <class T>
+struct is_torch_dataset<T, std::void_t<typename T::BatchType, typename T::BatchRequestType,
+                                       decltype(T::is_stateful)>> : std::true_type {};
+template <class T>
+constexpr bool is_torch_dataset_v = is_torch_dataset<T>::value;
+
+// Map-style: not stateful (a stateful one's BatchType is an optional: ChunkDataset) and
+// indexed by positions (a StreamDataset's request is a count).
+template <class T, bool = is_torch_dataset_v<T>>
+struct is_torch_map_dataset : std::false_type {};
+template <class T>
+struct is_torch_map_dataset<T, true>
+    : std::bool_constant<!T::is_stateful &&
+                         std::is_constructible_v<typename T::BatchRequestType, c10::ArrayRef<size_t>>> {};
+
+// LibTorch's data loaders (what torch::data::make_data_loader returns, behind its pointer).
+template <class D, class B, class R>
+std::true_type derives_from_torch_loader(const torch::data::DataLoaderBase<D, B, R>*);
+std::false_type derives_from_torch_loader(const void*);
+template <class T>
+struct is_torch_loader : decltype(derives_from_torch_loader(std::declval<const T*>())) {};
+template <class T>
+struct is_torch_loader<std::unique_ptr<T>> : is_torch_loader<T> {};
+template <class T>
+struct is_torch_loader<std::shared_ptr<T>> : is_torch_loader<T> {};
+template <class T>
+constexpr bool is_torch_loader_v = is_torch_loader<std::decay_t<T>>::value;
+
+template <class T>
+constexpr bool is_hasten_dataset_v =
+    !is_torch_dataset_v<T> && has_size<T>::value && (has_get_batch<T>::value || has_get<T>::value);
+// What hasten::DataLoader can load (it refuses the rest with a static_assert).
+template <class T>
+constexpr bool is_loadable_v = is_torch_map_dataset<T>::value || is_hasten_dataset_v<T>;
+
+// The batch a loader over Dataset yields: LibTorch's datasets keep LibTorch's names.
+template <class Dataset>
+using batch_t = std::conditional_t<is_torch_dataset_v<Dataset>, ExampleBatch, Batch>;
 
 template <class T>
 size_t dataset_size(const T& dataset) {
@@ -117,10 +202,29 @@ size_t dataset_size(const T& dataset) {
 
 // Stacks examples into a batch.
 Batch collate(std::vector<torch::data::Example<>> examples, const std::vector<int64_t>& indices);
+ExampleBatch collate_examples(std::vector<torch::data::Example<>> examples,
+                              const std::vector<int64_t>& indices);
+// A batch already stacked (by Stack<> or the dataset's own get_batch).
+ExampleBatch example_batch(torch::data::Example<> stacked, const std::vector<int64_t>& indices);
 
 template <class Dataset>
-Batch fetch(Dataset& dataset, const std::vector<int64_t>& indices) {
-  if constexpr (has_get_batch<Dataset>::value) {
+batch_t<Dataset> fetch(Dataset& dataset, const std::vector<int64_t>& indices) {
+  if constexpr (is_torch_map_dataset<Dataset>::value) {
+    const std::vector<size_t> request(indices.begin(), indices.end());  // LibTorch's index type
+    auto out = dataset.get_batch(c10::ArrayRef<size_t>(request));
+    using Out = decltype(out);
+    if constexpr (std::is_same_v<Out, std::vector<torch::data::Example<>>>) {
+      return collate_examples(std::move(out), indices);
+    } else {
+      static_assert(std::is_same_v<Out, torch::data::Example<>>,
+                    "hasten::DataLoader: a LibTorch dataset's get_batch must return "
+                    "std::vector<torch::data::Example<>> or, stacked (.map(torch::data::transforms::Stack<>())), "
+                    "torch::data::Example<>");
+      return example_batch(std::move(out), indices);
+    }
+  } else if constexpr (!is_loadable_v<Dataset>) {
+    return {};  // refused by DataLoader's static_assert; nothing more to report
+  } else if constexpr (has_get_batch<Dataset>::value) {
     return dataset.get_batch(indices);
   } else {
     std::vector<torch::data::Example<>> examples;
@@ -136,8 +240,8 @@ Batch fetch(Dataset& dataset, const std::vector<int64_t>& indices) {
 template <class Dataset>
 class BatchIterator {
  public:
-  using value_type = Batch;
-  using reference = Batch&;
+  using value_type = batch_t<Dataset>;
+  using reference = value_type&;
   using difference_type = std::ptrdiff_t;
   using iterator_category = std::input_iterator_tag;
   using Observer = std::function<void(int64_t batch, int64_t num_batches, int64_t padding)>;
@@ -152,7 +256,7 @@ class BatchIterator {
         observer_(std::move(observer)),
         session_(std::move(session)) {}
 
-  Batch& operator*() {
+  reference operator*() {
     if (!loaded_) {
       int64_t pad = 0;
       auto idx = plan_.batch(pos_, &pad);
@@ -164,7 +268,7 @@ class BatchIterator {
     }
     return batch_;
   }
-  Batch* operator->() { return &**this; }
+  value_type* operator->() { return &**this; }
   BatchIterator& operator++() {
     ++pos_;
     loaded_ = false;
@@ -181,7 +285,7 @@ class BatchIterator {
   torch::Device device_{torch::kCPU};
   Observer observer_;
   std::shared_ptr<void> session_;
-  Batch batch_;
+  value_type batch_;
   bool loaded_ = false;
 };
 
@@ -191,8 +295,23 @@ class BatchIterator {
 // process's epochs: the same batches a prepared loader yields in a one-process run.
 template <class Dataset>
 class DataLoader {
+  // One message per kind of mistake, and only one of them fires.
+  static_assert(!detail::is_torch_loader_v<Dataset>,
+                "hasten::DataLoader takes a dataset, not a LibTorch data loader: pass it the dataset "
+                "you gave torch::data::make_data_loader, with {.batch_size = ...}");
+  static_assert(!detail::is_torch_dataset_v<Dataset> || detail::is_torch_map_dataset<Dataset>::value,
+                "hasten::DataLoader takes map-style datasets only (get_batch of indices and a known "
+                "size: torch::data::datasets::Dataset, MNIST, their .map()); a stateful or stream "
+                "dataset (ChunkDataset, StreamDataset) has no indices to shard across processes");
+  static_assert(detail::is_torch_loader_v<Dataset> || detail::is_torch_dataset_v<Dataset> ||
+                    detail::is_hasten_dataset_v<Dataset>,
+                "hasten::DataLoader needs a dataset: a LibTorch map-style dataset, or a type with "
+                "size() and either `hasten::Batch get_batch(const std::vector<int64_t>&) const` or "
+                "`torch::data::Example<> get(size_t)`");
+
  public:
   using dataset_type = Dataset;
+  using batch_type = detail::batch_t<Dataset>;
 
   explicit DataLoader(Dataset dataset, DataLoaderOptions options = {})
       : dataset_(std::make_shared<Dataset>(std::move(dataset))), options_(options) {}

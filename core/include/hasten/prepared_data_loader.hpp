@@ -33,6 +33,7 @@ class PreparedDataLoader {
       : dataset_(std::move(dataset)), engine_(std::move(engine)), loader_(loader), device_(device) {}
 
   using iterator = detail::BatchIterator<Dataset>;
+  using batch_type = detail::batch_t<Dataset>;  // hasten::Batch, or ExampleBatch for LibTorch's
 
   // Each call starts the next epoch.
   iterator begin() {

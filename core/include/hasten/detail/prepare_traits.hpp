@@ -71,6 +71,13 @@ std::shared_ptr<torch::nn::Module> module_ptr(const M& model) {
     return model;
 }
 
+// What prepare() returns for an argument it refuses at compile time: an empty type, so that
+// check_preparable's static_assert is the only error (not a cascade from the return type).
+struct unpreparable {};
+
+template <class>
+inline constexpr bool always_false = false;
+
 // prepared<T>::type: what prepare() returns for an argument of type T.
 template <class T>
 struct tag {
@@ -86,10 +93,15 @@ struct prepared {
       return tag<PreparedOptimizer>{};
     else if constexpr (is_scheduler_v<T>)
       return tag<PreparedScheduler<bare_t<T>>>{};
-    else if constexpr (is_loader_v<T>)
-      return tag<PreparedDataLoader<typename D::dataset_type>>{};
-    else
-      return tag<void>{};
+    else if constexpr (is_loader_v<T>) {
+      // A DataLoader of something it cannot load is refused by DataLoader itself.
+      if constexpr (is_loadable_v<typename D::dataset_type>)
+        return tag<PreparedDataLoader<typename D::dataset_type>>{};
+      else
+        return tag<unpreparable>{};
+    } else {
+      return tag<unpreparable>{};
+    }
   }
   using type = typename decltype(pick())::type;
 };
