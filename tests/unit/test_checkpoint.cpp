@@ -42,9 +42,11 @@ struct Counter {
 
 // Trains `until` micro-batches in total (loading the newest checkpoint first with resume),
 // saves when asked, and writes the full parameters and this rank's Adam state to `out`.
+// With a `resume_config` ("auto", a directory) the config key resumes instead of load_state.
 void train(const std::string& strategy, const fs::path& project, int until, bool resume, bool save,
-           const fs::path& out) {
+           const fs::path& out, const std::string& resume_config = "") {
   Options o;
+  if (!resume_config.empty()) o.resume = resume_config;
   o.strategy = strategy;
   o.gradient_accumulation_steps = 2;
   o.project_dir = project.string();
@@ -61,6 +63,7 @@ void train(const std::string& strategy, const fs::path& project, int until, bool
   acc.register_for_checkpointing(micro);
   acc.set_seed(11, /*device_specific=*/true);
   if (resume) acc.load_state();
+  if (!resume_config.empty()) std::ofstream(out / "resumed_from.txt") << acc.resumed_from();
   while (micro.value < until) {
     for (auto& b : loader) {
       auto scope = acc.accumulate(model);
@@ -132,6 +135,45 @@ void exact_resume(const std::string& strategy, int world, int stop = 20) {
 }
 
 }  // namespace
+
+// The config key resume: auto starts fresh when there is no checkpoint yet and continues from
+// the newest one when there is, with no load_state call, exactly as load_state does.
+TEST(Checkpoint, ResumeAutoStartsFreshThenContinuesExactly) {
+  hasten::test::TempDir dir;
+  const fs::path whole = dir.path() / "whole", parts = dir.path() / "parts", a = dir.path() / "a", b = dir.path() / "b";
+  for (auto& d : {a, b}) fs::create_directories(d);
+  hasten::launch([&] { train("ddp", whole, 40, false, false, a); }, ranks(2));
+  hasten::launch([&] { train("ddp", parts, 19, false, true, b, "auto"); }, ranks(2));
+  EXPECT_EQ(hasten::test::TempDir::read_file(b / "resumed_from.txt"), "") << "a fresh start resumed";
+  hasten::launch([&] { train("ddp", parts, 40, false, false, b, "auto"); }, ranks(2));
+  EXPECT_EQ(hasten::test::TempDir::read_file(b / "resumed_from.txt"), (parts / "checkpoints" / "checkpoint_0").string());
+  expect_same_files(a, b, 2);
+}
+
+// resume: a directory loads that checkpoint; one that is not a checkpoint is an error, and so
+// is resume: auto over only damaged checkpoints.
+TEST(Checkpoint, ResumeFromADirectoryAndItsErrors) {
+  hasten::test::TempDir dir;
+  const fs::path parts = dir.path() / "parts", b = dir.path() / "b";
+  fs::create_directories(b);
+  train("single", parts, 6, false, true, b);
+  const fs::path ckpt = parts / "checkpoints" / "checkpoint_0";
+  train("single", dir.path() / "other", 10, false, false, b, ckpt.string());
+  EXPECT_EQ(hasten::test::TempDir::read_file(b / "resumed_from.txt"), ckpt.string());
+  try {
+    train("single", dir.path() / "other", 10, false, false, b, (dir.path() / "nothing").string());
+    FAIL() << "resume from a missing directory was accepted";
+  } catch (const hasten::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nothing"), std::string::npos) << e.what();
+  }
+  fs::remove(ckpt / "manifest.json");
+  try {
+    train("single", parts, 10, false, false, b, "auto");
+    FAIL() << "resume: auto over a damaged checkpoint only was accepted";
+  } catch (const hasten::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no complete checkpoint"), std::string::npos) << e.what();
+  }
+}
 
 // One rank: 13 batches an epoch, so micro-batch 20 is the 7th of epoch 2: the save falls in
 // the middle of an accumulation window and the partial gradients are part of the state.

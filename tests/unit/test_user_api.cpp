@@ -354,3 +354,86 @@ TEST(UserApi, ABackwardThroughModelArrowForwardIsRefused) {
     });
   }
 }
+
+// Under a sharding strategy an optimizer prepared before its model kept the full parameters,
+// unreduced on every rank, without a word. Now prepare says so.
+TEST(UserApi, AnOptimizerPreparedBeforeItsModelIsRefusedUnderSharding) {
+  static hasten::test::TempDir home;
+  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  {
+    Options o;
+    o.strategy = "zero2";
+    Accelerator acc(o);
+    auto net = std::make_shared<NetImpl>();
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    expect_usage_error([&] { acc.prepare(sgd); }, "acc.prepare(model, optimizer)", "zero2 optimizer first");
+  }
+  {
+    Options o;
+    o.strategy = "zero2";
+    Accelerator acc(o);
+    auto net = std::make_shared<NetImpl>();
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto [model, opt] = acc.prepare(net, sgd);  // together: fine
+    acc.backward(model(torch::randn({4, 6})).sum());
+    opt.step();
+  }
+  Accelerator plain;  // unsharded: the optimizer alone is fine
+  auto net = std::make_shared<NetImpl>();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  plain.prepare(sgd);
+}
+
+// clip_grad_value_(model) under a sharding strategy clipped the shards of every prepared
+// optimizer: a GAN's other network too. Now only that model's optimizer.
+TEST(UserApi, ClipByValueUnderShardingLeavesOtherModelsAlone) {
+  static hasten::test::TempDir home;
+  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  Options o;
+  o.strategy = "zero2";
+  Accelerator acc(o);
+  auto g = std::make_shared<NetImpl>(), d = std::make_shared<NetImpl>();
+  torch::optim::SGD sg(g->parameters(), torch::optim::SGDOptions(0.1)), sd(d->parameters(), torch::optim::SGDOptions(0.1));
+  auto [pg, og, pd, od] = acc.prepare(g, sg, d, sd);
+  const auto x = torch::randn({8, 6}) * 10;
+  acc.backward(pg(x).pow(2).sum() + pd(x).pow(2).sum());
+  acc.clip_grad_value_(pg, 1e-6);
+  auto max_grad = [](torch::optim::Optimizer& opt) {
+    double m = 0;
+    for (auto& group : opt.param_groups())
+      for (auto& p : group.params())
+        if (p.grad().defined()) m = std::max(m, p.grad().abs().max().item<double>());
+    return m;
+  };
+  EXPECT_LE(max_grad(sg), 1e-6 + 1e-12);
+  EXPECT_GT(max_grad(sd), 1e-3) << "clipping one model clipped the other's gradients";
+}
+
+namespace {
+struct PairImpl : torch::nn::Module {
+  PairImpl() { fc = register_module("fc", torch::nn::Linear(4, 4)); }
+  std::tuple<torch::Tensor, torch::Tensor> forward(torch::Tensor x) {
+    auto y = fc(x);
+    return {y, y * 2};
+  }
+  torch::nn::Linear fc{nullptr};
+};
+}  // namespace
+
+// gather on one process returned the input itself (editing one edited the other), and under
+// bf16 only a tensor or a vector of them came back float32, not a tuple.
+TEST(UserApi, GatherIsACopyAndTupleOutputsComeBackFloat32) {
+  static hasten::test::TempDir home;
+  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  Options o;
+  o.mixed_precision = "bf16";
+  Accelerator acc(o);
+  auto t = torch::ones({3});
+  auto gathered = acc.gather(t);
+  gathered.add_(1);
+  EXPECT_TRUE(torch::equal(t, torch::ones({3}))) << "gather's result shares the input's memory";
+  auto model = acc.prepare(std::make_shared<PairImpl>());
+  auto [a, b] = model(torch::randn({2, 4}));
+  EXPECT_EQ(a.scalar_type(), torch::kFloat);
+  EXPECT_EQ(b.scalar_type(), torch::kFloat);
+}

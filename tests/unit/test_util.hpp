@@ -31,6 +31,10 @@ class TempDir {
     std::ifstream in(path_ / name);
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
+  static std::string read_file(const std::filesystem::path& file) {
+    std::ifstream in(file);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
 
  private:
   std::filesystem::path path_;
