@@ -32,6 +32,8 @@
 // its last batch, so accumulate() synchronises there.
 #pragma once
 
+#include <hasten/error.hpp>
+
 #include <torch/data/dataloader/base.h>
 #include <torch/data/example.h>
 #include <torch/types.h>
@@ -195,7 +197,7 @@ size_t dataset_size(const T& dataset) {
     return dataset.size();
   } else {
     auto n = dataset.size();
-    if (!n) throw std::runtime_error("hasten::DataLoader needs a dataset with a known size");
+    if (!n) throw UsageError("hasten::DataLoader needs a dataset with a known size (its size() returned no value)");
     return *n;
   }
 }
