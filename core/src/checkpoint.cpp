@@ -332,8 +332,13 @@ std::string Engine::save_state(const std::string& requested) {
   return target.string();
 }
 
-std::string Engine::load_state(const std::string& requested) {
+// A function-try-block: a hand-edited hasten_state.json whose fields have the wrong types
+// makes nlohmann throw from anywhere below; it becomes one line naming the file.
+std::string Engine::load_state(const std::string& requested) try {
   Impl& s = *impl_;
+  if (!s.active.empty())
+    throw UsageError("load_state: called while a prepared data loader is being iterated; call it after prepare and "
+                     "before the loop (or set the config key resume: auto)");
   const int rank = s.process.rank, world = s.process.world_size;
   // Which: rank 0 verifies (sizes and checksums) and, without a path, falls back from a
   // damaged newest checkpoint to the newest complete one, saying so.
@@ -490,6 +495,10 @@ std::string Engine::load_state(const std::string& requested) {
   s.resume_settled = true;
   s.resumed_from = dir.string();
   return dir.string();
+} catch (const nlohmann::json::exception& e) {
+  const std::string what = e.what();
+  throw Error("load_state: the checkpoint's " + std::string(kState) + " is malformed (" +
+              what.substr(what.find(']') == std::string::npos ? 0 : what.find(']') + 2) + ")");
 }
 
 std::string Engine::resume() {

@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <map>
 
@@ -29,6 +30,23 @@ std::string shard_name(size_t k, size_t n) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", k, n);
   return buf;
+}
+
+// Removes the shards of an earlier save into the same directory that this one (`count`
+// shards, 0 for a single file) did not overwrite: left in place they would sit next to an
+// index that no longer names them.
+void remove_stale_shards(const fs::path& dir, size_t count) {
+  std::set<std::string> current;
+  for (size_t k = 1; k <= count; ++k) current.insert(shard_name(k, count));
+  std::vector<fs::path> stale;
+  std::error_code ec;
+  for (auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool shard = name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos &&
+                       name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0;
+    if (shard && !current.count(name)) stale.push_back(entry.path());
+  }
+  for (auto& p : stale) fs::remove(p, ec);
 }
 
 // name -> file, for every tensor of the weights at `path`.
@@ -188,6 +206,7 @@ void Engine::save_model(size_t model, const std::string& dir, uint64_t max_shard
         std::ofstream(target / kIndex) << index.dump(2) << "\n";
         fs::remove(target / kSingle, ec);
       }
+      remove_stale_shards(target, shards.size() == 1 ? 0 : shards.size());
     } catch (const std::exception& e) {
       failure = e.what();
     }

@@ -8,6 +8,7 @@
 #include <hasten/plugin.hpp>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -471,4 +472,84 @@ TEST(Weights, SaveModelShardsByteSizeAndLoadWeightsReproducesTheModel) {
   hasten::load_weights(half, whole.string());
   EXPECT_TRUE(torch::equal(half.fc1->weight.to(torch::kFloat), want.front().second)) << want.front().first;
   EXPECT_NE(error_of([] { hasten::parse_size("ten GB"); }).find("'ten GB' is not a size"), std::string::npos);
+}
+
+namespace {
+// CRC-32C (Castagnoli), bit by bit: the manifest's checksum of a file edited by the test.
+std::string crc32c_text(const std::string& bytes) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (unsigned char c : bytes) {
+    crc ^= c;
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+  }
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", crc ^ 0xFFFFFFFFu);
+  return buf;
+}
+}  // namespace
+
+// Saving the weights again into the same directory with fewer shards left the old shards
+// next to an index that no longer named them.
+TEST(Weights, SavingAgainRemovesTheShardsOfTheEarlierSave) {
+  hasten::test::TempDir dir;
+  static hasten::test::TempDir home;
+  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  Accelerator acc;
+  auto model = acc.prepare(std::make_shared<NetImpl>());
+  const fs::path out = dir.path() / "weights";
+  acc.save_model(model, out.string(), "100B");  // one shard per tensor: 4
+  ASSERT_TRUE(fs::exists(out / "model-00004-of-00004.safetensors"));
+  acc.save_model(model, out.string(), "300B");
+  std::vector<std::string> names;
+  for (auto& e : fs::directory_iterator(out)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                                             "model.safetensors.index.json"}));
+  acc.save_model(model, out.string());
+  names.clear();
+  for (auto& e : fs::directory_iterator(out)) names.push_back(e.path().filename().string());
+  EXPECT_EQ(names, (std::vector<std::string>{"model.safetensors"}));
+}
+
+// A hand-edited hasten_state.json (checksums updated) with a field of the wrong type gave
+// nlohmann's raw exception; load_state inside a loop over a prepared loader was accepted.
+TEST(Checkpoint, AMalformedStateFileAndALoadInsideTheLoopAreClearErrors) {
+  hasten::test::TempDir dir;
+  const fs::path parts = dir.path() / "parts", b = dir.path() / "b";
+  fs::create_directories(b);
+  train("single", parts, 6, false, true, b);
+  const fs::path ckpt = parts / "checkpoints" / "checkpoint_0";
+  {
+    Options o;
+    o.project_dir = parts.string();
+    Accelerator acc(o);
+    auto net = std::make_shared<NetImpl>();
+    torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.01));
+    torch::optim::StepLR steplr(adam, 3, 0.5);
+    hasten::DataLoader data(hasten::TensorDataset(torch::randn({50, 6}), torch::randint(0, 3, {50})), {.batch_size = 4});
+    auto [model, opt, loader, sched] = acc.prepare(net, adam, data, steplr);
+    Counter micro;
+    acc.register_for_checkpointing(micro);
+    for (auto& batch : loader) {
+      (void)batch;
+      const std::string e = error_of([&] { acc.load_state(ckpt.string()); });
+      EXPECT_NE(e.find("before the loop"), std::string::npos) << e;
+      break;
+    }
+  }
+  // world_size as text, with the manifest's size and checksum made to match.
+  std::string text = hasten::test::TempDir::read_file(ckpt / "hasten_state.json");
+  const auto at = text.rfind("\"world_size\":");  // the top-level key (keys are sorted)
+  ASSERT_NE(at, std::string::npos) << text;
+  const auto value = at + std::string("\"world_size\":").size();
+  text.replace(value, text.find_first_of(",\n}", value) - value, " \"x\"");
+  std::ofstream(ckpt / "hasten_state.json", std::ios::binary) << text;
+  auto manifest = nlohmann::json::parse(hasten::test::TempDir::read_file(ckpt / "manifest.json"));
+  auto& entry = manifest["files"]["hasten_state.json"];
+  ASSERT_FALSE(entry.is_null()) << manifest.dump();
+  entry["size"] = text.size();
+  entry["crc32c"] = crc32c_text(text);
+  std::ofstream(ckpt / "manifest.json") << manifest.dump();
+  const std::string e = error_of([&] { train("single", parts, 10, false, false, b, ckpt.string()); });
+  EXPECT_NE(e.find("hasten_state.json is malformed"), std::string::npos) << e;
 }
