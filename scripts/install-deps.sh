@@ -12,6 +12,8 @@ packages=(
   libboost-dev libboost-filesystem-dev   # Boost.DLL
   libcli11-dev libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libdlpack-dev
   libgtest-dev libgmock-dev
+  libprotobuf-dev protobuf-compiler # tensorboard tracker: event/summary messages from a .proto subset
+  python3-protobuf                  # the integration tests' TensorBoard event-file reader
   binutils file jq procps
 )
 

@@ -5,6 +5,7 @@
 //
 //   hasten-example --workload mlp-small --steps 200
 //   hasten launch --num_processes 2 build/bin/hasten-example --workload gpt-tiny --json
+//   hasten-example --log_with tensorboard,mlflow,csv,jsonl --project_dir runs
 #include <CLI/CLI.hpp>
 
 #include <iostream>
@@ -49,6 +50,9 @@ int main(int argc, char** argv) {
   app.add_option("--gradient_accumulation_steps,--gradient-accumulation-steps", accum, "Micro-batches per step");
   app.add_option("--strategy", strategy, "Strategy plugin");
   app.add_option("--trackers", trackers, "Tracker plugins (e.g. csv jsonl)");
+  std::vector<std::string> log_with;
+  app.add_option("--log_with,--log-with", log_with, "Trackers, Accelerate's way: tensorboard,mlflow,csv,jsonl or all")
+      ->delimiter(',');
   std::vector<std::string> sets;
   app.add_option("--set", sets, "Any config key, KEY=VALUE (repeatable)");
   try {
@@ -73,6 +77,13 @@ int main(int argc, char** argv) {
   if (accum > 0) a.options.gradient_accumulation_steps = accum;
   if (!strategy.empty()) a.options.strategy = strategy;
   if (!trackers.empty()) a.options.trackers = trackers;
+  // Through the config key log_with, so that --log_with and --trackers naming different
+  // trackers is the config's error, as in a file.
+  if (!log_with.empty()) {
+    std::string list;
+    for (const auto& t : log_with) list += (list.empty() ? "" : ",") + t;
+    a.options.set.emplace_back("log_with", "[" + list + "]");
+  }
   try {
     return run(a);
   } catch (const std::exception& e) {

@@ -178,6 +178,17 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
   c.tee = merged["tee"].get<bool>();
   c.log_dir = get_str(merged, "log_dir");
   for (auto& t : merged["trackers"]) c.trackers.push_back(t.get<std::string>());
+  // log_with (Accelerate's Accelerator argument) names the same list as trackers: either
+  // selects the trackers; both set to different lists leaves no honest choice.
+  if (was_set("log_with")) {
+    std::vector<std::string> log_with;
+    for (auto& t : merged["log_with"]) log_with.push_back(t.get<std::string>());
+    if (was_set("trackers") && log_with != c.trackers)
+      throw ConfigError("config error: log_with [" + join(log_with, ", ") + "] (" + where("log_with") +
+                        ") and trackers [" + join(c.trackers, ", ") + "] (" + where("trackers") +
+                        ") name different trackers; set one of them (they are the same setting)");
+    c.trackers = log_with;
+  }
   for (auto& t : merged["plugin_path"]) c.plugin_path.push_back(t.get<std::string>());
   c.precision_options = merged["precision_options"].dump();
   c.tracker_options = merged["tracker_options"].dump();

@@ -179,6 +179,35 @@ TEST(Config, CodeSetTakesAnyKey) {
   EXPECT_EQ(c.trackers, (std::vector<std::string>{"csv", "jsonl"}));
 }
 
+TEST(Config, LogWithSelectsTheTrackers) {
+  hasten::test::TempDir dir;
+  Environment env = clean_env(dir.path());
+  env["HASTEN_LOG_WITH"] = "tensorboard,mlflow";
+  Config c = hasten::resolve_config({}, env);
+  EXPECT_EQ(c.trackers, (std::vector<std::string>{"tensorboard", "mlflow"}));
+
+  // A file may say it both ways when the lists agree.
+  Options o;
+  o.config_file = dir.write("both.yaml", "log_with: [csv, jsonl]\ntrackers: [csv, jsonl]\n");
+  c = hasten::resolve_config(o, clean_env(dir.path()));
+  EXPECT_EQ(c.trackers, (std::vector<std::string>{"csv", "jsonl"}));
+
+  o.config_file = dir.write("all.yaml", "log_with: all\n");
+  c = hasten::resolve_config(o, clean_env(dir.path()));
+  EXPECT_EQ(c.trackers, (std::vector<std::string>{"all"}));  // expanded by init_trackers
+}
+
+TEST(ConfigErrors, LogWithAndTrackersNamingDifferentTrackers) {
+  hasten::test::TempDir dir;
+  Options o;
+  o.config_file = dir.write("t.yaml", "trackers: [csv]\n");
+  o.set = {{"log_with", "[jsonl]"}};
+  const std::string e = error_of(o, clean_env(dir.path()));
+  EXPECT_NE(e.find("log_with [jsonl]"), std::string::npos) << e;
+  EXPECT_NE(e.find("trackers [csv] (file "), std::string::npos) << e;
+  EXPECT_NE(e.find("set one of them"), std::string::npos) << e;
+}
+
 TEST(ConfigErrors, MalformedYamlNamesTheLine) {
   hasten::test::TempDir dir;
   Options o;

@@ -1,0 +1,38 @@
+// hasten-test-trackers: logs a known sequence to the configured trackers (config from the
+// usual sources: HASTEN_LOG_WITH, HASTEN_LOGGING_DIR, ...) so tests can read the files back.
+//   init_trackers("trk", {lr: 0.001, model: "mlp", layers: 3, bf16: false})
+//   steps 1..5: loss = 1/step and acc = step/10; step 3's loss is NaN, step 4's acc is +inf
+//   log_text("notes", "hello **tracker**", 2)
+//   then end_training(), or with --fail an exception leaves main before end_training.
+#include <hasten/hasten.hpp>
+
+#include <cmath>
+#include <iostream>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+int main(int argc, char** argv) {
+  const bool fail = argc > 1 && std::string(argv[1]) == "--fail";
+  if (argc > 2 || (argc == 2 && !fail)) {
+    std::cerr << "hasten-test-trackers: error: the only flag is --fail" << std::endl;
+    return 2;
+  }
+  try {
+    hasten::Accelerator acc;
+    acc.init_trackers("trk", {{"lr", 0.001}, {"model", std::string("mlp")}, {"layers", int64_t{3}}, {"bf16", false}});
+    for (int64_t step = 1; step <= 5; ++step) {
+      const double loss = step == 3 ? std::numeric_limits<double>::quiet_NaN() : 1.0 / static_cast<double>(step);
+      const double acc_value = step == 4 ? std::numeric_limits<double>::infinity() : static_cast<double>(step) / 10.0;
+      acc.log({{"loss", loss}, {"acc", acc_value}}, step);
+      if (step == 2) acc.log_text("notes", "hello **tracker**", step);
+      if (fail && step == 5) throw std::runtime_error("injected failure after step 5");
+    }
+    acc.end_training();
+    std::cout << "trackers: done" << std::endl;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "hasten-test-trackers: error: " << e.what() << std::endl;
+    return 1;
+  }
+}
