@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 BUILD_TYPE ?= Release
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test demo bench install clean
+.PHONY: all deps configure build test fuzz demo bench install clean
 
 all: build
 
@@ -20,6 +20,11 @@ build: configure
 
 test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+# Not part of `make test`: the config and safetensors fuzz tests from FUZZ_SEED (default: the
+# time) for FUZZ_SECONDS each (default 120). `make fuzz FUZZ_SEED=7 FUZZ_SECONDS=600`.
+fuzz: build
+	@bash scripts/fuzz.sh $(BUILD_DIR) $(FUZZ_SEED) $(FUZZ_SECONDS)
 
 demo: build
 	@bash scripts/demo.sh $(BUILD_DIR)

@@ -24,6 +24,8 @@
 #include <filesystem>
 #include <iostream>
 
+#include "../cli_checks.hpp"
+#include "../error_line.hpp"
 #include "runner.hpp"
 #include "workloads.hpp"
 
@@ -219,16 +221,25 @@ int main(int argc, char** argv) {
   app.add_option("--workload", workloads, "Workloads (default: all)");
   app.add_option("--mode", mode_names, "Modes: single bf16 ddp2 ddp2-accum4 zero1 zero2 zero3 fsdp (default: all)");
   app.add_option("--impl", impls, "hasten, libtorch (default: both)");
-  app.add_option("--steps", steps, "Timed steps (default: the workload's S)");
-  app.add_option("--warmup", warmup, "Untimed steps first");
+  app.add_option("--steps", steps, "Timed steps (default: the workload's S)")
+      ->check(hasten::cli::integer_in(0, 100'000'000));
+  app.add_option("--warmup", warmup, "Untimed steps first")->check(hasten::cli::integer_in(0, 100'000'000));
   app.add_flag("--collectives", run_collectives, "Time the comm plugins' collectives instead");
   app.add_option("--comm", comms, "Comm plugins for --collectives (default: shm gloo)");
-  app.add_option("--max-bytes", max_bytes, "Largest collective buffer (default 64 MiB)");
+  app.add_option("--max-bytes", max_bytes, "Largest collective buffer (default 64 MiB)")
+      ->check(hasten::cli::integer_in(4096, 1ll << 34));
   app.add_flag("--print-blas-env", print_blas_env, "Print the OpenBLAS settings the runs use, and exit");
   std::string checkpoint_dir;
   app.add_option("--checkpoints", checkpoint_dir,
                  "Time save_state/load_state against plain file I/O in this directory instead (modes: default ddp2 zero3)");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {  // one line, as the other programs print it
+    std::cerr << "hasten-bench: error: " << e.what() << std::endl;
+    return 2;
+  }
   if (print_blas_env) {
     for (const char* k : {"OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"})
       if (const char* v = std::getenv(k)) std::cout << k << "=" << v << "\n";
@@ -284,7 +295,7 @@ int main(int argc, char** argv) {
           try {
             hasten::launch([a] { hasten::examples::run(a); }, lo);
           } catch (const std::exception& e) {
-            std::cerr << "hasten-bench: error: " << w << " " << name << " " << impl << ": " << e.what() << std::endl;
+            std::cerr << "hasten-bench: error: " << w << " " << name << " " << impl << ": " << hasten::cli::error_line(e) << std::endl;
             ++failures;
           }
         }
@@ -292,7 +303,7 @@ int main(int argc, char** argv) {
     }
     return failures == 0 ? 0 : 1;
   } catch (const std::exception& e) {
-    std::cerr << "hasten-bench: error: " << e.what() << std::endl;
+    std::cerr << "hasten-bench: error: " << hasten::cli::error_line(e) << std::endl;
     return 1;
   }
 }

@@ -10,6 +10,8 @@
 
 #include <iostream>
 
+#include "../cli_checks.hpp"
+#include "../error_line.hpp"
 #include "runner.hpp"
 #include "workloads.hpp"
 
@@ -17,24 +19,33 @@ namespace W = hasten::workloads;
 using Args = hasten::examples::Args;
 using hasten::examples::run;
 
+// Steps and batch beyond these are typos: the run keeps a loss per step (--steps 99999999999
+// would first fail allocating them) and a batch of its samples.
+constexpr long long kMaxSteps = 100'000'000;
+constexpr long long kMaxBatch = 1 << 20;
+
 int main(int argc, char** argv) {
   Args a;
   CLI::App app{"hasten-example: train a benchmark workload through hasten"};
   app.add_option("--workload", a.workload, "mlp-small, mlp-large or gpt-tiny")
       ->check(CLI::IsMember(W::names()));
-  app.add_option("--steps", a.steps, "Timed steps after the warmup (default: the workload's S)");
-  app.add_option("--warmup", a.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber);
-  app.add_option("--batch", a.batch, "Per-process batch size (default: the workload's B)");
+  app.add_option("--steps", a.steps, "Timed steps after the warmup (default: the workload's S)")
+      ->check(hasten::cli::integer_in(0, kMaxSteps));
+  app.add_option("--warmup", a.warmup, "Untimed steps first")->check(hasten::cli::integer_in(0, kMaxSteps));
+  app.add_option("--batch", a.batch, "Per-process batch size (default: the workload's B)")
+      ->check(hasten::cli::integer_in(1, kMaxBatch));
   app.add_option("--impl", a.impl, "hasten, or libtorch for the plain loop")
       ->check(CLI::IsMember({"hasten", "libtorch"}));
   app.add_option("--mode", a.mode, "Label of the run in the JSON summary");
   app.add_flag("--json", a.json, "Print the summary as one JSON line (main process)");
   app.add_option("--losses-out,--losses_out", a.losses_out, "Write every step's loss (JSON) here");
-  app.add_option("--log-every,--log_every", a.log_every, "Progress and tracker logging period (0: off)");
+  app.add_option("--log-every,--log_every", a.log_every, "Progress and tracker logging period (0: off)")
+      ->check(hasten::cli::integer_in(0, kMaxSteps));
   app.add_option("--threads", a.threads, "Intra-op threads")->check(CLI::PositiveNumber);
   app.add_option("--project", a.project, "Tracker project name");
   app.add_flag("--units", a.units, "Declare every Linear (MLP) or encoder layer (gpt-tiny) a sharding unit");
-  app.add_option("--clip", a.clip, "clip_grad_norm_ to this norm on synchronising steps");
+  app.add_option("--clip", a.clip, "clip_grad_norm_ to this norm on synchronising steps (0: off)")
+      ->check(hasten::cli::finite_in(0, 1e30));
   app.add_option("--params-out,--params_out", a.params_out, "Write the final parameters here (safetensors)");
   std::string project_dir;
   app.add_option("--project_dir,--project-dir", project_dir, "Where checkpoints (and tracker logs) go");
@@ -47,7 +58,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> trackers;
   app.add_option("--config_file,--config-file", config_file, "hasten config file");
   app.add_option("--mixed_precision,--mixed-precision", mp, "no, bf16 or fp16");
-  app.add_option("--gradient_accumulation_steps,--gradient-accumulation-steps", accum, "Micro-batches per step");
+  app.add_option("--gradient_accumulation_steps,--gradient-accumulation-steps", accum, "Micro-batches per step")
+      ->check(hasten::cli::integer_in(1, 1 << 20));
   app.add_option("--strategy", strategy, "Strategy plugin");
   app.add_option("--trackers", trackers, "Tracker plugins (e.g. csv jsonl)");
   std::vector<std::string> log_with;
@@ -87,7 +99,7 @@ int main(int argc, char** argv) {
   try {
     return run(a);
   } catch (const std::exception& e) {
-    std::cerr << "hasten-example: error: " << e.what() << std::endl;
+    std::cerr << "hasten-example: error: " << hasten::cli::error_line(e) << std::endl;
     return 1;
   }
 }

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../cli_checks.hpp"
+
 #include <unistd.h>
 
 #include <filesystem>
@@ -100,6 +102,7 @@ int launch(const LaunchFlags& flags) {
     // One machine: port 0 or a busy port picks a free one.
     if (plan.master_port == 0 || !detail::port_is_free(plan.master_port)) {
       const int port = detail::pick_free_port(/*loopback_only=*/false);
+      // Port 0 asks for a free port: nothing to say. A busy port is a surprise worth a line.
       if (plan.master_port != 0 && !flags.dry_run)
         std::cerr << "hasten launch: port " << plan.master_port << " is busy; using " << port << std::endl;
       plan.master_port = port;
@@ -229,7 +232,7 @@ void add_launch_command(CLI::App& app, Action& action) {
   cmd->add_flag("--dry-run,--dry_run", flags->dry_run, "Print the plan and start nothing");
   cmd->add_option("--grace_period,--grace-period", flags->grace_s,
                   "Seconds between SIGTERM and SIGKILL when stopping workers")
-      ->check(CLI::PositiveNumber);
+      ->check(hasten::cli::finite_in(0.001, 86400));
   cmd->callback([&action, flags, cmd] {
     for (auto* opt : cmd->get_options())
       for (auto& long_name : opt->get_lnames()) flags->known_flags.push_back("--" + long_name);

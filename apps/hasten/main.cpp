@@ -4,6 +4,7 @@
 
 #include <iostream>
 
+#include "../error_line.hpp"
 #include "commands.hpp"
 
 namespace hasten::cli {
@@ -48,9 +49,7 @@ int main(int argc, char** argv) {
   }
   try {
     return action ? action() : 0;
-  } catch (const hasten::Error& e) {
-    return report_error(e.what());
   } catch (const std::exception& e) {
-    return report_error(e.what());
+    return report_error(error_line(e));
   }
 }

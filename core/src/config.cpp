@@ -6,7 +6,6 @@
 #include <hasten/registry.hpp>
 
 #include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
 
 #include <filesystem>
 #include <sstream>
@@ -136,11 +135,7 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
     json comm = merged["comm"];
     // From the environment a mapping arrives as text: HASTEN_COMM='{cpu: gloo}'.
     if (comm.is_string() && !comm.get<std::string>().empty() && comm.get<std::string>().front() == '{') {
-      try {
-        comm = yaml_to_json(YAML::Load(comm.get<std::string>()));
-      } catch (const YAML::Exception& e) {
-        throw ConfigError("config error: comm (" + where("comm") + "): malformed mapping: " + e.msg);
-      }
+      comm = yaml_text_to_json(comm.get<std::string>(), "comm (" + where("comm") + ")");
     }
     auto backend = [&](const std::string& device, const json& v) {
       if (!v.is_string() || v.get<std::string>().empty())
@@ -203,6 +198,13 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
     throw ConfigError("config error: num_processes " + std::to_string(c.num_processes) +
                       " must be a multiple of num_machines " + std::to_string(c.num_machines) +
                       " (processes per machine are equal)");
+  // Accelerate's NO means one process; with more, the launcher would start several workers
+  // that the strategy NO selects treats as one. An explicit strategy settles it either way.
+  if (was_set("distributed_type") && c.distributed_type == "NO" && c.num_processes > 1 && !was_set("strategy"))
+    throw ConfigError("config error: distributed_type NO (" + where("distributed_type") +
+                      ") runs one process but num_processes is " + std::to_string(c.num_processes) + " (" +
+                      where("num_processes") + "); set distributed_type to MULTI_CPU (or another "
+                      "multi-process type) or num_processes to 1");
   // A section key that also sets a run setting (DeepSpeed's gradient_accumulation_steps)
   // must agree with the top-level key when both are set.
   for (auto& row : full.vocabulary.rows) {
@@ -318,9 +320,11 @@ std::vector<std::string> config_key_table() {
   const FullSchema full = full_schema({});
   for (auto& k : full.keys) {
     std::string allowed = join(k.choices, ", ");
+    auto bound = [&](double d) {
+      return k.type == KeyType::Int ? std::to_string(static_cast<long long>(d)) : show(json(d));
+    };
     if (k.min && k.max)
-      allowed = std::to_string(static_cast<long long>(*k.min)) + " to " +
-                std::to_string(static_cast<long long>(*k.max));
+      allowed = bound(*k.min) + " to " + bound(*k.max);
     else if (k.min && k.type == KeyType::Int)
       allowed = ">= " + std::to_string(static_cast<long long>(*k.min));
     rows.push_back(k.path + "\t" + short_type(k.type) + "\t" +

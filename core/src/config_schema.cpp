@@ -87,7 +87,9 @@ const Schema& core_schema() {
       {"resume", T::String, "no", {}, {}, {},
        "Continue from a checkpoint when the loop starts: no, auto (the newest complete one under "
        "<project_dir>/checkpoints, if any) or a checkpoint directory"},
-      {"timeout_s", T::Float, 1800.0, {}, 0.001, {}, "Deadline of rendezvous and of every collective wait"},
+      // The upper bound keeps a deadline in nanoseconds within 64 bits (1e300 s became negative).
+      {"timeout_s", T::Float, 1800.0, {}, 0.001, 31536000.0,
+       "Deadline of rendezvous and of every collective wait (at most a year)"},
       {"log_level", T::Enum, "info", {"trace", "debug", "info", "warn", "error", "off"}, {}, {}, "hasten's log level"},
       {"step_scheduler_with_optimizer", T::Bool, true, {}, {}, {},
        "Prepared schedulers step once per real optimizer step (false: on every call)"},
@@ -168,26 +170,14 @@ std::string short_type(KeyType t) {
 
 std::string show(const json& v) {
   if (v.is_string()) return v.get<std::string>();
-  return v.dump();
+  // A message shows text that is not UTF-8 with replacement characters rather than failing.
+  return v.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+namespace {
+
 // Scalars of YAML become typed JSON; quoted scalars stay strings.
-json yaml_to_json(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Null:
-    case YAML::NodeType::Undefined: return nullptr;
-    case YAML::NodeType::Sequence: {
-      json arr = json::array();
-      for (const auto& item : node) arr.push_back(yaml_to_json(item));
-      return arr;
-    }
-    case YAML::NodeType::Map: {
-      json obj = json::object();
-      for (const auto& kv : node) obj[kv.first.Scalar()] = yaml_to_json(kv.second);
-      return obj;
-    }
-    case YAML::NodeType::Scalar: break;
-  }
+json yaml_scalar(const YAML::Node& node) {
   const std::string s = node.Scalar();
   if (node.Tag() == "!") return s;  // quoted: a string, whatever it looks like
   const std::string l = to_lower(s);
@@ -201,6 +191,68 @@ json yaml_to_json(const YAML::Node& node) {
   const double d = std::strtod(s.c_str(), &end);
   if (!s.empty() && end && *end == '\0') return d;
   return s;
+}
+
+// The conversion's walk, counting what it has produced so far. Aliases are followed (they
+// share nodes), which is why a cycle or an expansion shows up as depth or count here.
+struct YamlWalk {
+  const std::string& where;
+  size_t values = 0;
+
+  json convert(const YAML::Node& node, int depth, const std::string& path) {
+    if (depth > kMaxConfigDepth)
+      config_fail(where, "nests deeper than " + std::to_string(kMaxConfigDepth) + " levels" +
+                             (path.empty() ? "" : " at '" + path + "'") + " (a recursive YAML alias?)");
+    if (++values > kMaxConfigValues)
+      config_fail(where, "holds more than " + std::to_string(kMaxConfigValues) +
+                             " values once aliases are expanded (nested YAML aliases?)");
+    switch (node.Type()) {
+      case YAML::NodeType::Null:
+      case YAML::NodeType::Undefined: return nullptr;
+      case YAML::NodeType::Sequence: {
+        json arr = json::array();
+        size_t i = 0;
+        for (const auto& item : node) arr.push_back(convert(item, depth + 1, path + "[" + std::to_string(i++) + "]"));
+        return arr;
+      }
+      case YAML::NodeType::Map: {
+        json obj = json::object();
+        for (const auto& kv : node) {
+          if (!kv.first.IsScalar())
+            config_fail(where, "a mapping key" + (path.empty() ? "" : " under '" + path + "'") +
+                                   " is a list, a mapping or empty; keys are names");
+          const std::string key = kv.first.Scalar();
+          const std::string full = path.empty() ? key : path + "." + key;
+          // yaml-cpp keeps both entries of a repeated key; which one a reader takes differs
+          // between readers, so a repeat is refused rather than silently resolved.
+          if (obj.contains(key)) config_fail(where, "the key '" + full + "' appears twice in one mapping");
+          obj[key] = convert(kv.second, depth + 1, full);
+        }
+        return obj;
+      }
+      case YAML::NodeType::Scalar: break;
+    }
+    return yaml_scalar(node);
+  }
+};
+
+}  // namespace
+
+json yaml_to_json(const YAML::Node& node, const std::string& where) {
+  YamlWalk walk{where};
+  return walk.convert(node, 1, "");
+}
+
+json yaml_text_to_json(const std::string& text, const std::string& where) {
+  YAML::Node node;
+  try {
+    node = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    // The value as written, cut so that a huge variable still makes a one-line message.
+    const std::string shown = text.size() > 80 ? text.substr(0, 80) + "..." : text;
+    config_fail(where, "malformed YAML value '" + shown + "': " + e.msg);
+  }
+  return yaml_to_json(node, where);
 }
 
 [[noreturn]] void config_fail(const std::string& where, const std::string& what) {
@@ -218,9 +270,11 @@ std::optional<bool> parse_bool(const std::string& s) {
 
 }  // namespace
 
+namespace {
+
 // Converts and checks a value against its key's spec. `v` may be typed or a string (from
 // the environment or YAML).
-json convert(const KeySpec& spec, const json& v, const std::string& where) {
+json convert_value(const KeySpec& spec, const json& v, const std::string& where) {
   const std::string& key = spec.path;
   auto wrong = [&]() -> json {
     config_fail(where, key + ": expected " + type_name(spec.type) + ", got '" + show(v) + "'");
@@ -230,6 +284,7 @@ json convert(const KeySpec& spec, const json& v, const std::string& where) {
       std::string allowed;
       auto num = [](double d) {
         std::ostringstream o;
+        o.precision(15);  // 31536000, not 3.1536e+07
         o << d;
         return o.str();
       };
@@ -307,6 +362,10 @@ json convert(const KeySpec& spec, const json& v, const std::string& where) {
     }
     case KeyType::StringList: {
       json out = json::array();
+      // A list written in YAML's flow style ("[csv, jsonl]") from the environment or a flag;
+      // a '[' that does not close is an error, not a plugin named "[csv".
+      if (v.is_string() && !trim(v.get<std::string>()).empty() && trim(v.get<std::string>()).front() == '[')
+        return convert_value(spec, yaml_text_to_json(v.get<std::string>(), where), where);
       if (v.is_string()) {
         std::stringstream ss(v.get<std::string>());
         std::string item;
@@ -327,12 +386,7 @@ json convert(const KeySpec& spec, const json& v, const std::string& where) {
     case KeyType::Map: {
       if (v.is_object()) return v;
       if (v.is_string()) {  // from the environment: JSON or YAML text
-        json parsed;
-        try {
-          parsed = yaml_to_json(YAML::Load(v.get<std::string>()));
-        } catch (const std::exception&) {
-          return wrong();
-        }
+        const json parsed = yaml_text_to_json(v.get<std::string>(), where);
         if (parsed.is_object()) return parsed;
       }
       return wrong();
@@ -341,6 +395,20 @@ json convert(const KeySpec& spec, const json& v, const std::string& where) {
     case KeyType::Any: return v;
   }
   return v;
+}
+
+}  // namespace
+
+json convert(const KeySpec& spec, const json& v, const std::string& where) {
+  json out = convert_value(spec, v, where);
+  // The config travels as JSON (to workers, to plugins' options), which holds only UTF-8: a
+  // value that cannot be written is refused here, where its key and source are known.
+  try {
+    (void)out.dump();
+  } catch (const json::type_error&) {
+    config_fail(where, spec.path + ": the value holds text that is not valid UTF-8");
+  }
+  return out;
 }
 
 }  // namespace hasten::detail

@@ -45,8 +45,22 @@ std::string short_type(KeyType t);
 // A value as a message shows it: strings bare, the rest as JSON.
 std::string show(const nlohmann::json& v);
 
-// Scalars of YAML become typed JSON; quoted scalars stay strings.
-nlohmann::json yaml_to_json(const YAML::Node& node);
+// Every config source (a file, HASTEN_CONFIG_JSON, a HASTEN_<KEY> variable, a --set or flag
+// value) is bounded in nesting and in values after alias expansion: a recursive alias
+// (`a: &a [*a]`) would otherwise recurse until the stack overflows, and nested aliases
+// ("billion laughs") expand a few hundred bytes into gigabytes. Real configs nest 3 levels
+// and hold a few hundred values.
+constexpr int kMaxConfigDepth = 64;
+constexpr size_t kMaxConfigValues = 100000;
+
+// Scalars of YAML become typed JSON; quoted scalars stay strings. Throws ConfigError naming
+// `where` for a mapping that repeats a key, a non-scalar key, or a document past the limits
+// above.
+nlohmann::json yaml_to_json(const YAML::Node& node, const std::string& where);
+
+// YAML text (a value of the environment, a --set value) parsed and converted as above; a
+// syntax error is a ConfigError naming `where` and what is malformed.
+nlohmann::json yaml_text_to_json(const std::string& text, const std::string& where);
 
 [[noreturn]] void config_fail(const std::string& where, const std::string& what);
 

@@ -54,6 +54,56 @@ void absorb(Layer& layer, const Schema& schema, bool defer, const std::string& p
   }
 }
 
+// Counts nesting and values while the JSON is parsed, before any tree is built: a tree nested
+// 65,000 deep would overflow the stack when it is copied or destroyed.
+class BoundedJson : public nlohmann::json_sax<json> {
+ public:
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(number_integer_t) override { return value(); }
+  bool number_unsigned(number_unsigned_t) override { return value(); }
+  bool number_float(number_float_t, const string_t&) override { return value(); }
+  bool string(string_t&) override { return value(); }
+  bool binary(binary_t&) override { return value(); }
+  bool start_object(std::size_t) override { return enter(); }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return leave(); }
+  bool start_array(std::size_t) override { return enter(); }
+  bool end_array() override { return leave(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    error_ = "not valid JSON";
+    return false;
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  bool value() {
+    if (++values_ <= kMaxConfigValues) return true;
+    error_ = "holds more than " + std::to_string(kMaxConfigValues) + " values";
+    return false;
+  }
+  bool enter() {
+    if (++depth_ > kMaxConfigDepth) {
+      error_ = "nests deeper than " + std::to_string(kMaxConfigDepth) + " levels";
+      return false;
+    }
+    return value();
+  }
+  bool leave() {
+    --depth_;
+    return true;
+  }
+  int depth_ = 0;
+  size_t values_ = 0;
+  std::string error_;
+};
+
+json parse_bounded_json(const std::string& text, const std::string& where) {
+  BoundedJson bounds;
+  if (!json::sax_parse(text, &bounds)) config_fail(where, bounds.error());
+  return json::parse(text);
+}
+
 bool reserved_env(const std::string& name) {
   static const std::vector<std::string> reserved = {
       "HASTEN_CONFIG_FILE", "HASTEN_CONFIG_JSON", "HASTEN_PLUGIN_PATH", "HASTEN_HOME",
@@ -104,7 +154,7 @@ Layer file_layer(const std::string& path) {
   Layer layer;
   layer.label = "file " + path;
   if (root.IsNull()) return layer;  // an empty file sets nothing
-  absorb(layer, core_schema(), true, "", yaml_to_json(root), where, "file " + path);
+  absorb(layer, core_schema(), true, "", yaml_to_json(root, where), where, "file " + path);
   return layer;
 }
 
@@ -112,9 +162,7 @@ Layer env_layer(const Environment& env) {
   Layer layer;
   layer.label = "environment";
   if (auto it = env.find("HASTEN_CONFIG_JSON"); it != env.end() && !it->second.empty()) {
-    json parsed = json::parse(it->second, nullptr, false);
-    if (parsed.is_discarded())
-      throw ConfigError("config error: environment HASTEN_CONFIG_JSON: not valid JSON");
+    const json parsed = parse_bounded_json(it->second, "environment HASTEN_CONFIG_JSON");
     // Nested JSON: its own keys, validated like a file.
     absorb(layer, core_schema(), true, "", parsed, "environment HASTEN_CONFIG_JSON", "launcher (HASTEN_CONFIG_JSON)");
   }
@@ -156,12 +204,7 @@ Layer code_layer(const Options& o) {
   if (o.split_batches) put("split_batches", *o.split_batches);
   if (o.even_batches) put("even_batches", *o.even_batches);
   for (auto& [key, text] : o.set) {
-    json value;
-    try {
-      value = yaml_to_json(YAML::Load(text));
-    } catch (const YAML::Exception& e) {
-      config_fail(where, "malformed value '" + text + "': " + e.msg);
-    }
+    const json value = yaml_text_to_json(text, where + " (" + key + ")");
     const KeySpec* spec = find_spec(core_schema(), key);
     if (spec == nullptr || spec->type == KeyType::Section) {
       layer.pending.push_back({PendingKey::Source::Set, key, value, where, o.origin, ""});

@@ -211,7 +211,12 @@ void Engine::save_model(size_t model, const std::string& dir, uint64_t max_shard
       failure = e.what();
     }
   }
-  failure = broadcast(main ? failure : std::string(), 0);
+  if (main && !failure.empty()) {
+    // Shards written before the failure, still under their temporary names, are no use.
+    std::error_code ignored;
+    for (auto& shard : shards) fs::remove(target / shard.first, ignored);
+  }
+    failure = broadcast(main ? failure : std::string(), 0);
   if (!failure.empty()) throw Error(failure.rfind("save_model", 0) == 0 ? failure : "save_model: " + failure);
 }
 

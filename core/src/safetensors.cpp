@@ -183,6 +183,8 @@ SafetensorsHeader parse_header(const std::string& where, const std::string& text
       }
       continue;
     }
+    // No reader can look an unnamed tensor up, and a state dict has no key "".
+    if (name.empty()) fail("a tensor has an empty name; every tensor is named");
     const std::string tensor = "tensor " + quote(name);
     if (!e.is_object()) fail(tensor + " is " + shown(e) + ", not an object {dtype, shape, data_offsets}");
     for (const char* key : {"dtype", "shape", "data_offsets"})
@@ -355,6 +357,7 @@ void write_safetensors(const NamedTensors& tensors, const std::map<std::string, 
   uint64_t offset = 0;
   for (auto& [name, tensor] : tensors) {
     const std::string what = "safetensors: tensor " + quote(name);
+    if (name.empty()) throw Error("safetensors: a tensor has an empty name; every tensor is named");
     if (name == "__metadata__") throw Error("safetensors: '__metadata__' names the file's metadata; no tensor can take it");
     if (!names.insert(name).second) throw Error("safetensors: duplicate tensor name " + quote(name));
     if (!tensor.defined()) throw Error(what + " is undefined");
@@ -406,7 +409,11 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec) throw Error("safetensors: cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);  // the complete file is no use under its temporary name
+    throw Error("safetensors: cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+  }
 }
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {

@@ -414,6 +414,26 @@ TEST(Checkpoint, ReshardingZero3From2To3And1RanksKeepsEveryTensor) {
   }
 }
 
+// The shard is written under a temporary name and cannot take its final one (a non-empty
+// directory has it): save_model fails and leaves no temporary file behind.
+TEST(Weights, AFailedSaveModelLeavesNoTemporaryShard) {
+  hasten::test::TempDir dir;
+  const fs::path out = dir.path() / "out";
+  fs::create_directories(out / "model.safetensors" / "inside");
+  Options o;
+  Accelerator acc(o);
+  auto net = std::make_shared<NetImpl>();
+  auto model = acc.prepare(net);
+  try {
+    acc.save_model(model, out.string());
+    ADD_FAILURE() << "save_model wrote over a non-empty directory";
+  } catch (const hasten::Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("save_model: ", 0), 0u) << e.what();
+  }
+  for (auto& entry : fs::directory_iterator(out))
+    EXPECT_EQ(entry.path().extension(), ".safetensors") << "left behind: " << entry.path();
+}
+
 TEST(Weights, SaveModelShardsByteSizeAndLoadWeightsReproducesTheModel) {
   hasten::test::TempDir dir;
   const fs::path sharded = dir.path() / "sharded", whole = dir.path() / "whole";

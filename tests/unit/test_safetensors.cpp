@@ -185,6 +185,23 @@ TEST(Safetensors, TheWriterRefusesWhatNoFileCanHold) {
   refused({{"u", torch::Tensor()}}, "tensor 'u' is undefined");
   refused({{"\xff", torch::ones({2})}}, "is not valid UTF-8");
   refused({{"w", torch::ones({2})}}, "the metadata is not valid UTF-8", {{"k", "\xc3"}});
+  refused({{"", torch::ones({2})}}, "a tensor has an empty name");
+}
+
+// The file is complete but cannot take its name (a non-empty directory has it): the error
+// names both paths and the temporary file goes too.
+TEST(Safetensors, AFailedRenameLeavesNoTemporaryFile) {
+  hasten::test::TempDir dir;
+  const std::string path = (dir.path() / "taken").string();
+  std::filesystem::create_directories(dir.path() / "taken" / "inside");
+  try {
+    hasten::save_safetensors(path, {{"w", torch::ones({2})}}, {});
+    ADD_FAILURE() << "saved over a non-empty directory";
+  } catch (const hasten::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot rename '" + path + ".tmp' to '" + path + "'"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp")) << "a failed rename leaves the temporary file";
+  EXPECT_TRUE(std::filesystem::is_directory(dir.path() / "taken" / "inside"));
 }
 
 TEST(Safetensors, AMissingFileOrADirectoryIsAClearError) {
@@ -315,6 +332,12 @@ std::vector<Malformed> corpus() {
       {"metadata_value_not_string", file_of(R"({"__metadata__":{"format":1}})"), "__metadata__ 'format' is 1, not a string"},
       {"metadata_key_twice", file_of(R"({"__metadata__":{"format":"pt","format":"np"}})"),
        "the entry '__metadata__' has the key 'format' twice"},
+      {"empty_tensor_name", file_of(R"({"":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})", d16),
+       "a tensor has an empty name"},
+      {"offsets_negative_begin_into_header", file_of(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[-8,0]}})"),
+       "tensor 'w' has data_offsets [-8,0], not two non-negative integers"},
+      {"fractional_dimension_half", file_of(R"({"w":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", d16.substr(0, 8)),
+       "tensor 'w' has the dimension 2.5;"},
       {"control_characters_in_name_stay_one_line", file_of(R"({"a\nb":{"dtype":"F32"}})"), "tensor 'a\\x0ab' has no shape"},
       {"bool_byte_not_0_or_1", file_of(R"({"m":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})", std::string("\x01\x00\x02", 3)),
        "tensor 'm' is BOOL but holds the byte 2 at element 2; BOOL bytes are 0 or 1", true},

@@ -1,7 +1,8 @@
 /*
  * Tracker "csv": metrics.csv (one row per log call, a `step` column then the metric names
  * in alphabetical order, empty cells for metrics a row does not have) and hparams.json,
- * in the run's logging directory. When a new metric name appears the file is rewritten
+ * in the run's logging directory; a later run in the same directory writes metrics-1.csv and
+ * hparams-1.json (then -2, ...), never over an earlier run's files. When a new metric name appears the file is rewritten
  * with the wider header, as Lightning's CSVLogger does. Plain C99, C tier.
  */
 #include <hasten/plugin.h>
@@ -163,19 +164,47 @@ static void csv_destroy(hasten_instance* self) {
   free(t);
 }
 
+/* A run never overwrites an earlier run's files in the same logging directory: the first run
+ * writes metrics.csv and hparams.json, later ones metrics-1.csv and hparams-1.json, -2, ...
+ * (the first number whose two files are both new). Both are created exclusively ("x"), so two
+ * runs starting together cannot take the same pair either. */
+#define CSV_MAX_RUNS 100000
+
 static hasten_status csv_start(hasten_instance* self, const hasten_tracker_run* run) {
   csv_tracker* t = (csv_tracker*)self;
   size_t n = strlen(run->logging_dir);
-  FILE* h;
+  FILE* h = NULL;
   char* hp;
-  t->path = (char*)malloc(n + 32);
-  hp = (char*)malloc(n + 32);
+  unsigned k;
+  t->path = (char*)malloc(n + 40);
+  hp = (char*)malloc(n + 40);
   if (!t->path || !hp) { free(hp); return fail(t->host, HASTEN_ERR_SYSTEM, "out of memory", NULL); }
-  sprintf(t->path, "%s/metrics.csv", run->logging_dir);
-  sprintf(hp, "%s/hparams.json", run->logging_dir);
-  h = fopen(hp, "w");
-  if (!h) {
-    hasten_status s = fail(t->host, HASTEN_ERR_SYSTEM, hp, strerror(errno));
+  for (k = 0; k < CSV_MAX_RUNS; ++k) {
+    if (k == 0) {
+      sprintf(t->path, "%s/metrics.csv", run->logging_dir);
+      sprintf(hp, "%s/hparams.json", run->logging_dir);
+    } else {
+      sprintf(t->path, "%s/metrics-%u.csv", run->logging_dir, k);
+      sprintf(hp, "%s/hparams-%u.json", run->logging_dir, k);
+    }
+    t->file = fopen(t->path, "wx");
+    if (!t->file && errno == EEXIST) continue;
+    if (!t->file) break;
+    h = fopen(hp, "wx");
+    if (h || errno != EEXIST) break;
+    fclose(t->file); /* an hparams file of another run: this number is taken */
+    t->file = NULL;
+    remove(t->path);
+  }
+  if (!t->file || !h) {
+    const int err = errno;
+    hasten_status s = fail(t->host, HASTEN_ERR_SYSTEM, k == CSV_MAX_RUNS ? run->logging_dir : (t->file ? hp : t->path),
+                           k == CSV_MAX_RUNS ? "every metrics-N.csv name is taken" : strerror(err));
+    if (t->file) {
+      fclose(t->file);
+      t->file = NULL;
+      remove(t->path);
+    }
     free(hp);
     return s;
   }
@@ -256,7 +285,7 @@ static const hasten_tracker_vtable csv_vtable = {
 
 static const hasten_plugin_descriptor csv_descriptor = {
     sizeof(hasten_plugin_descriptor), HASTEN_ABI_VERSION, HASTEN_KIND_TRACKER, "csv", "1.0",
-    "metrics.csv (step, then metrics alphabetically) and hparams.json",
+    "metrics.csv (step, then metrics alphabetically) and hparams.json; later runs metrics-N.csv",
     NULL, NULL, 0, &csv_vtable, NULL, 0, NULL, NULL};
 
 static const hasten_plugin_descriptor* const csv_plugins[] = {&csv_descriptor};
