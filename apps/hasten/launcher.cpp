@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -181,6 +182,7 @@ int run_workers(const LaunchPlan& plan, bool* interrupted) {
     std::vector<char*> argv;
     for (auto& a : plan.command) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
+    const pid_t launcher_pid = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) {
       std::cerr << "hasten: error: fork: " << std::strerror(errno) << std::endl;
@@ -189,6 +191,12 @@ int run_workers(const LaunchPlan& plan, bool* interrupted) {
     }
     if (pid == 0) {
       ::setpgid(0, 0);
+      // A launcher killed with SIGKILL cannot stop its workers: the kernel does it for us
+      // (the setting survives exec). It fires when the forking thread ends, and this one is
+      // the launcher's main thread, which lives as long as the launcher. If the launcher died
+      // between fork and prctl, we were already reparented and nothing would ever fire.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher_pid) ::_exit(128 + SIGKILL);
       struct sigaction dfl {};
       dfl.sa_handler = SIG_DFL;
       ::sigaction(SIGINT, &dfl, nullptr);

@@ -11,7 +11,7 @@ class CommInstance : public PluginInstance {
  public:
   using PluginInstance::PluginInstance;
 
-  void init(int rank, int world_size, int64_t timeout_ms, const std::string& store_prefix) {
+  void init(int rank, int world_size, int64_t timeout_ms, int64_t connect_timeout_ms, const std::string& store_prefix) {
     hasten_comm_init init{};
     init.struct_size = sizeof(init);
     init.abi_version = HASTEN_ABI_VERSION;
@@ -19,6 +19,7 @@ class CommInstance : public PluginInstance {
     init.world_size = world_size;
     init.timeout_ms = timeout_ms;
     init.store_prefix = store_prefix.c_str();
+    init.connect_timeout_ms = connect_timeout_ms;
     call("init", [&] { return vt().comm.init(instance_, &init); });
   }
   bool supports_device(int32_t device_type) const {

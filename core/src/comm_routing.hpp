@@ -19,9 +19,11 @@ namespace hasten::detail {
 // installed when nothing fits.
 std::string choose_comm_backend(int32_t device_type, const std::string& choice, const ProcessInfo& process);
 
-// Creates the chosen backend with its options and connects it to the other ranks.
+// Creates the chosen backend with its options and connects it to the other ranks: its
+// collectives wait at most timeout_ms by default, its set-up at most connect_timeout_ms.
 std::unique_ptr<CommInstance> open_comm_backend(int32_t device_type, const std::string& choice,
                                                 const std::string& options_json, const hasten_host_api* host,
-                                                const ProcessInfo& process, int64_t timeout_ms);
+                                                const ProcessInfo& process, int64_t timeout_ms,
+                                                int64_t connect_timeout_ms);
 
 }  // namespace hasten::detail

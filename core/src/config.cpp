@@ -164,6 +164,7 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
     throw ConfigError("config error: resume (" + where("resume") +
                       ") is empty; allowed: no, auto or a checkpoint directory");
   c.timeout_s = merged["timeout_s"].get<double>();
+  c.rendezvous_timeout_s = merged["rendezvous_timeout_s"].get<double>();
   c.log_level = get_str(merged, "log_level");
   c.step_scheduler_with_optimizer = merged["step_scheduler_with_optimizer"].get<bool>();
   c.split_batches = merged["split_batches"].get<bool>();

@@ -88,8 +88,9 @@ const Schema& core_schema() {
        "Continue from a checkpoint when the loop starts: no, auto (the newest complete one under "
        "<project_dir>/checkpoints, if any) or a checkpoint directory"},
       // The upper bound keeps a deadline in nanoseconds within 64 bits (1e300 s became negative).
-      {"timeout_s", T::Float, 1800.0, {}, 0.001, 31536000.0,
-       "Deadline of rendezvous and of every collective wait (at most a year)"},
+      {"timeout_s", T::Float, 1800.0, {}, 0.001, 31536000.0, "Deadline of every collective wait (at most a year)"},
+      {"rendezvous_timeout_s", T::Float, 300.0, {}, 0.001, 31536000.0,
+       "Deadline of the rendezvous, of every store call and of the comm backend's connection set-up (at most timeout_s)"},
       {"log_level", T::Enum, "info", {"trace", "debug", "info", "warn", "error", "off"}, {}, {}, "hasten's log level"},
       {"step_scheduler_with_optimizer", T::Bool, true, {}, {}, {},
        "Prepared schedulers step once per real optimizer step (false: on every call)"},

@@ -5,6 +5,8 @@
 
 #include <torch/cuda.h>
 
+#include <algorithm>
+
 #include "comm_instance.hpp"
 #include "comm_routing.hpp"
 #include "engine_state.hpp"
@@ -31,7 +33,10 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
   s.host.timeout_ms = static_cast<int64_t>(s.config.timeout_s * 1000.0);
   auto& registry = PluginRegistry::instance();
   if (s.process.world_size > 1) {
-    s.store = rendezvous(s.process, s.host.timeout_ms);
+    // A short timeout_s also shortens the rendezvous: it never waits longer than a collective.
+    const auto rendezvous_ms =
+        std::min(s.host.timeout_ms, static_cast<int64_t>(s.config.rendezvous_timeout_s * 1000.0));
+    s.store = rendezvous(s.process, rendezvous_ms);
     s.host.store = s.store.get();
     // One backend per device type the run touches (comm_routing.cpp: the config, or the
     // plugins' own declarations under auto). comm_options go to the CPU backend.
@@ -40,10 +45,10 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
       return it == s.config.comm_backends.end() ? std::string("auto") : it->second;
     };
     auto cpu = open_comm_backend(kDLCPU, backend(kDLCPU), s.config.comm_options, &s.host.api, s.process,
-                                 s.host.timeout_ms);
+                                 s.host.timeout_ms, rendezvous_ms);
     std::unique_ptr<CommInstance> gpu;
     if (s.dl_device.device_type == kDLCUDA)
-      gpu = open_comm_backend(kDLCUDA, backend(kDLCUDA), "{}", &s.host.api, s.process, s.host.timeout_ms);
+      gpu = open_comm_backend(kDLCUDA, backend(kDLCUDA), "{}", &s.host.api, s.process, s.host.timeout_ms, rendezvous_ms);
     s.comm = make_plugin_communicator(s.process.rank, s.process.world_size, std::move(cpu), std::move(gpu));
   } else {
     s.comm = make_local_communicator();

@@ -6,6 +6,7 @@
 #include <hasten/launch.hpp>
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,6 +37,7 @@ void launch(const std::function<void()>& fn, const LaunchOptions& options) {
     place.master_addr = "127.0.0.1";
     place.master_port = port;
     const auto contract = detail::torchrun_env(place);  // the caller's env entries win over it
+    const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) {
       for (pid_t p : pids)
@@ -43,6 +45,11 @@ void launch(const std::function<void()>& fn, const LaunchOptions& options) {
       throw Error(std::string("hasten::launch: fork failed: ") + std::strerror(errno));
     }
     if (pid == 0) {
+      // A caller killed with SIGKILL cannot stop its workers: the kernel does it. The signal
+      // comes when the thread that called launch() ends (launch.hpp says so). A parent that
+      // died between fork and prctl has already reparented us: nothing would ever fire.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(128 + SIGKILL);
       for (auto& [k, v] : contract) ::setenv(k.c_str(), v.c_str(), 1);
       for (auto& [k, v] : options.env) ::setenv(k.c_str(), v.c_str(), 1);
       int code = 0;

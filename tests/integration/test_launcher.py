@@ -82,6 +82,28 @@ with tempfile.TemporaryDirectory() as d:
         h.fail("the launcher exited 0 after SIGINT")
     print(f"ok: SIGINT stops every worker (exit {proc.returncode})")
 
+    # SIGKILL of the launcher (no chance to forward anything): the workers die with it.
+    tag = "t" + uuid.uuid4().hex[:12]
+    proc = subprocess.Popen(h.hasten("launch", "--num_processes", "2", WORKER, "--steps", "100000", "--tag", tag),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **env})
+    deadline = time.monotonic() + 30
+    while len(leftovers(tag)) < 3 and time.monotonic() < deadline:  # the launcher and both workers
+        time.sleep(0.1)
+    if len(leftovers(tag)) < 3:
+        proc.kill()
+        h.fail(f"the launcher and its two workers did not start: {leftovers(tag)}")
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while leftovers(tag) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = leftovers(tag)
+    if left:
+        for pid in left:
+            os.kill(int(pid), signal.SIGKILL)
+        h.fail(f"workers outlived a launcher killed with SIGKILL: {left}")
+    print("ok: SIGKILL of the launcher takes its workers with it")
+
     # Per-rank logs, and output prefixed with the rank.
     logs = os.path.join(d, "logs")
     p, _ = launch(["--tee", "--log_dir", logs], ["--steps", "3"], {**env, "HASTEN_LOG_LEVEL": "debug"})

@@ -4,6 +4,9 @@
 //   --fail-rank R --fail-step S --exit-code C   rank R exits with C at step S
 //   --hang-rank R --hang-step S  rank R sleeps forever at step S (its peers wait in a collective)
 //   --late-rank R --late-s T     rank R sleeps T seconds before joining the rendezvous
+//   --short-rank R               rank R trains half the steps, then reduces a 3-element tensor
+//                                while the others are still in gradient allreduces (ranks
+//                                entering different collectives)
 //   --tag X                      ignored: marks the command line so tests can find leftovers
 #include <hasten/hasten.hpp>
 
@@ -14,7 +17,7 @@
 #include <thread>
 
 int main(int argc, char** argv) {
-  int steps = 10, fail_rank = -1, fail_step = -1, exit_code = 3, hang_rank = -1, hang_step = -1, late_rank = -1;
+  int steps = 10, fail_rank = -1, fail_step = -1, exit_code = 3, hang_rank = -1, hang_step = -1, late_rank = -1, short_rank = -1;
   double late_s = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
@@ -27,6 +30,7 @@ int main(int argc, char** argv) {
     else if (k == "--hang-step") hang_step = std::stoi(v);
     else if (k == "--late-rank") late_rank = std::stoi(v);
     else if (k == "--late-s") late_s = std::stod(v);
+    else if (k == "--short-rank") short_rank = std::stoi(v);
     else if (k == "--tag") {
     } else {
       std::cerr << "hasten-test-worker: error: unknown flag " << k << std::endl;
@@ -41,7 +45,7 @@ int main(int argc, char** argv) {
     auto model = std::make_shared<torch::nn::LinearImpl>(16, 4);
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
     auto [net, opt] = acc.prepare(model, sgd);
-    for (int step = 0; step < steps; ++step) {
+    for (int step = 0; step < (rank == short_rank ? steps / 2 : steps); ++step) {
       if (rank == fail_rank && step == fail_step) {
         std::cout << "rank " << rank << " exits with " << exit_code << " at step " << step << std::endl;
         return exit_code;
@@ -55,6 +59,10 @@ int main(int argc, char** argv) {
       opt.step();
       opt.zero_grad();
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (rank == short_rank) {
+      std::cout << "rank " << rank << " stopped early at step " << steps / 2 << std::endl;
+      acc.reduce(torch::ones({3}), "sum");
     }
     acc.print("done ", steps, " steps");
     return 0;

@@ -106,7 +106,7 @@ struct NcclRank {
     }
     comm = std::make_unique<CommInstance>(
         hasten::PluginRegistry::instance().select(hasten::PluginKind::Comm, "nccl"), &host.api, "{}");
-    comm->init(rank, world, host.timeout_ms, store_prefix);
+    comm->init(rank, world, host.timeout_ms, host.timeout_ms, store_prefix);
   }
   hasten::detail::HostContext host;
   std::unique_ptr<hasten::detail::Store> store;
@@ -287,7 +287,7 @@ TEST(Nccl, RefusesCpuBuffers) {
         using namespace hasten::detail;
         HostContext host;
         CommInstance comm(hasten::PluginRegistry::instance().select(hasten::PluginKind::Comm, "nccl"), &host.api, "{}");
-        comm.init(0, 1, 10000, "test/");
+        comm.init(0, 1, 10000, 10000, "test/");
         float x = 1;
         int64_t shape = 1;
         DLTensor t{};

@@ -9,7 +9,9 @@
 //   }, 2);
 //
 // The workers are fork()ed: call it before the calling process starts threads of its own
-// (LibTorch's intra-op pool included), as with any fork.
+// (LibTorch's intra-op pool included), as with any fork. Workers are killed (SIGKILL) when the
+// thread that called launch() ends, so a caller killed with SIGKILL leaves none behind; call
+// it from a thread that outlives the launch (the main thread, as a rule).
 #pragma once
 
 #include <functional>

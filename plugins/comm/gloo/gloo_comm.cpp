@@ -26,6 +26,8 @@
 #include <mutex>
 #include <thread>
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "buffers.hpp"
@@ -77,6 +79,7 @@ class HostStore final : public gloo::rendezvous::Store {
 
 // One queued operation and its outcome.
 struct Work {
+  std::string what;  // the operation, for messages: "allreduce of 272 bytes"
   std::function<void()> run;
   std::mutex mutex;
   std::condition_variable cv;
@@ -92,6 +95,34 @@ hasten_status classify(const std::string& what) {
 }
 
 
+
+// Checks that `name` resolves to an address this machine can listen on, as Gloo's device
+// will need: Gloo itself crashes on a name that does not resolve. Throws an Error naming it.
+void require_local_address(const std::string& name, int rank, bool from_options) {
+  const std::string what = from_options ? "comm_options.hostname '" + name + "'" : "this machine's hostname '" + name + "'";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(name.c_str(), nullptr, &hints, &found);
+  if (rc != 0 || found == nullptr)
+    throw Error(HASTEN_ERR_INVALID_ARGUMENT, "gloo: rank " + std::to_string(rank) + ": " + what +
+                                                 " does not resolve (" + ::gai_strerror(rc) +
+                                                 "); give an address or name of this machine that the other ranks can reach");
+  bool bindable = false;
+  for (addrinfo* a = found; a != nullptr && !bindable; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    // Port 0 of the resolved address: bindable only if it is one of this machine's.
+    bindable = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0;
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  if (!bindable)
+    throw Error(HASTEN_ERR_INVALID_ARGUMENT, "gloo: rank " + std::to_string(rank) + ": " + what +
+                                                 " resolves to no address of this machine; give one of its own "
+                                                 "addresses or names that the other ranks can reach");
+}
 
 class GlooComm final : public hasten::sdk::Comm {
  public:
@@ -118,6 +149,7 @@ class GlooComm final : public hasten::sdk::Comm {
     rank_ = init.rank;
     world_ = init.world_size;
     timeout_ = ms(init.timeout_ms > 0 ? init.timeout_ms : 1800000);
+    const ms connect_timeout = init.connect_timeout_ms > 0 ? ms(init.connect_timeout_ms) : timeout_;
     const auto info = hasten::sdk::process_info(host());
     gloo::transport::tcp::attr attr;
     // One machine: loopback. Several: this machine's hostname, unless the options say.
@@ -127,19 +159,21 @@ class GlooComm final : public hasten::sdk::Comm {
       ::gethostname(name, sizeof name - 1);
       attr.hostname = name;
     }
+    require_local_address(attr.hostname, rank_, !hostname_.empty());
     try {
       device_ = gloo::transport::tcp::CreateDevice(attr);
-      store_ = std::make_unique<HostStore>(host(), timeout_.count());
+      store_ = std::make_unique<HostStore>(host(), connect_timeout.count());
       prefix_store_ = std::make_unique<gloo::rendezvous::PrefixStore>(init.store_prefix ? init.store_prefix : "gloo/",
                                                                        *store_);
       auto context = std::make_shared<gloo::rendezvous::Context>(rank_, world_);
-      context->setTimeout(timeout_);
+      context->setTimeout(connect_timeout);  // the connections; every collective sets its own
       context->connectFullMesh(*prefix_store_, device_);
+      context->setTimeout(timeout_);
       context_ = context;
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw Error(HASTEN_ERR_REMOTE, std::string("gloo: connecting the ranks failed: ") + e.what());
+      throw Error(HASTEN_ERR_REMOTE, "gloo: rank " + std::to_string(rank_) + ": connecting the ranks failed: " + e.what());
     }
     worker_ = std::thread([this] { loop(); });
   }
@@ -154,7 +188,7 @@ class GlooComm final : public hasten::sdk::Comm {
     const ms timeout = timeout_of(options);
     const DLDataType dtype = buffer.dtype;
     const int world = world_;
-    return submit([=] {
+    return submit("allreduce of " + std::to_string(n * es) + " bytes", [=] {
       if (n == 0 || world == 1) {
         if (op == HASTEN_REDUCE_AVG) hasten::comm::divide(ptr, n, dtype, world);
         return;
@@ -162,7 +196,7 @@ class GlooComm final : public hasten::sdk::Comm {
       gloo::AllreduceOptions o(context_);
       set_buffer(o, ptr, n, es);
       o.setReduceFunction(kernel);
-      o.setTag(next_tag());
+      o.setTag(next_tag(1, n * es));
       o.setTimeout(timeout);
       gloo::allreduce(o);
       if (op == HASTEN_REDUCE_AVG) hasten::comm::divide(ptr, n, dtype, world);
@@ -181,12 +215,12 @@ class GlooComm final : public hasten::sdk::Comm {
     char* in = data_of(input);
     char* out = data_of(output);
     const ms timeout = timeout_of(options);
-    return submit([=] {
+    return submit("allgather of " + std::to_string(in_bytes) + " bytes", [=] {
       if (in_bytes == 0) return;
       gloo::AllgatherOptions o(context_);
       o.setInput<uint8_t>(reinterpret_cast<uint8_t*>(in), in_bytes);
       o.setOutput<uint8_t>(reinterpret_cast<uint8_t*>(out), in_bytes * static_cast<size_t>(world_));
-      o.setTag(next_tag());
+      o.setTag(next_tag(2, in_bytes));
       o.setTimeout(timeout);
       gloo::allgather(o);
     });
@@ -206,7 +240,7 @@ class GlooComm final : public hasten::sdk::Comm {
     char* out = data_of(output);
     const ms timeout = timeout_of(options);
     const DLDataType dtype = input.dtype;
-    return submit([=] { ring_reduce_scatter(in, out, n / static_cast<size_t>(world_), es, kernel, op, dtype, timeout); });
+    return submit("reduce_scatter of " + std::to_string(n * es) + " bytes", [=] { ring_reduce_scatter(in, out, n / static_cast<size_t>(world_), es, kernel, op, dtype, timeout); });
   }
 
   hasten_work* broadcast(DLTensor& buffer, int32_t root, const hasten_coll_options* options) override {
@@ -217,12 +251,12 @@ class GlooComm final : public hasten::sdk::Comm {
     const size_t bytes = elements(buffer) * element_size(buffer);
     char* ptr = data_of(buffer);
     const ms timeout = timeout_of(options);
-    return submit([=] {
+    return submit("broadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root), [=] {
       if (bytes == 0 || world_ == 1) return;
       gloo::BroadcastOptions o(context_);
       o.setRoot(root);
       o.setOutput<uint8_t>(reinterpret_cast<uint8_t*>(ptr), bytes);
-      o.setTag(next_tag());
+      o.setTag(next_tag(3, bytes + (static_cast<size_t>(root) << 48)));
       o.setTimeout(timeout);
       gloo::broadcast(o);
     });
@@ -230,10 +264,10 @@ class GlooComm final : public hasten::sdk::Comm {
 
   hasten_work* barrier(const hasten_coll_options* options) override {
     const ms timeout = timeout_of(options);
-    return submit([=] {
+    return submit("barrier", [=] {
       if (world_ == 1) return;
       gloo::BarrierOptions o(context_);
-      o.setTag(next_tag());
+      o.setTag(next_tag(4, 0));
       o.setTimeout(timeout);
       gloo::barrier(o);
     });
@@ -286,7 +320,17 @@ class GlooComm final : public hasten::sdk::Comm {
   ms timeout_of(const hasten_coll_options* o) const {
     return o != nullptr && o->timeout_ms > 0 ? ms(o->timeout_ms) : timeout_;
   }
-  uint32_t next_tag() { return tag_++; }
+  // The tag of the next operation: its sequence number in the low 20 bits, and in the high 12
+  // a fingerprint of the operation and its size. Ranks that enter different collectives at
+  // the same point (one ran fewer steps) then use different Gloo slots and their messages
+  // never meet: the operation times out with an error. With equal tags, Gloo's device thread
+  // receives a message of the wrong size, fails an enforce on that thread, which no caller
+  // can catch, and the process aborts.
+  uint32_t next_tag(uint32_t kind, size_t bytes) {
+    uint64_t h = 1469598103934665603ull ^ kind;  // FNV-1a over kind and bytes
+    for (int i = 0; i < 8; ++i) h = (h ^ ((bytes >> (8 * i)) & 0xff)) * 1099511628211ull;
+    return (tag_++ & 0xFFFFFu) | (static_cast<uint32_t>(h & 0xFFFu) << 20);
+  }
 
   // Ring reduce-scatter: W-1 steps; at step s rank r sends its partial sum of chunk
   // (r-s-1) mod W to the right neighbour and adds the left neighbour's partial sum of chunk
@@ -300,7 +344,7 @@ class GlooComm final : public hasten::sdk::Comm {
     char* incoming = acc + chunk_bytes * static_cast<size_t>(w);
     std::memcpy(acc, in, chunk_bytes * static_cast<size_t>(w));
     if (w > 1 && chunk > 0) {
-      const uint32_t tag = next_tag();
+      const uint32_t tag = next_tag(5, chunk_bytes);
       const int right = (r + 1) % w, left = (r - 1 + w) % w;
       auto send_buf = context_->createUnboundBuffer(acc, chunk_bytes * static_cast<size_t>(w));
       auto recv_buf = context_->createUnboundBuffer(incoming, chunk_bytes);
@@ -320,8 +364,9 @@ class GlooComm final : public hasten::sdk::Comm {
     if (op == HASTEN_REDUCE_AVG) hasten::comm::divide(out, chunk, dtype, w);
   }
 
-  hasten_work* submit(std::function<void()> run) {
+  hasten_work* submit(std::string what, std::function<void()> run) {
     auto* w = new Work();
+    w->what = std::move(what);
     w->run = std::move(run);
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -359,12 +404,17 @@ class GlooComm final : public hasten::sdk::Comm {
           status = e.status();
           message = e.what();
         } catch (const std::exception& e) {
+          // gloo::Exception and gloo::EnforceNotMet are std::runtime_errors.
           std::string what = e.what();
           status = classify(what);
-          message = std::string("gloo: rank ") + std::to_string(rank_) +
-                    (status == HASTEN_ERR_TIMEOUT ? ": collective timed out (a peer is hung or gone): "
-                                                  : ": a peer failed or closed its connection: ") +
+          message = "gloo: rank " + std::to_string(rank_) + ": " + w->what +
+                    (status == HASTEN_ERR_TIMEOUT
+                         ? " timed out (a peer is hung or gone, or the ranks entered different collectives): "
+                         : " failed (a peer failed or closed its connection): ") +
                     what.substr(0, what.find('\n'));
+        } catch (...) {
+          status = HASTEN_ERR_REMOTE;
+          message = "gloo: rank " + std::to_string(rank_) + ": " + w->what + " failed with an unknown exception";
         }
         if (status != HASTEN_OK) {
           // The ranks are out of step now: fail everything that follows, promptly.

@@ -15,6 +15,7 @@
 // latency of a hand-off to another thread is what this plugin exists to avoid.
 #include <hasten/plugin.hpp>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -23,6 +24,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -70,6 +72,30 @@ struct Segment {
   char* result() const { return data() + control()->capacity; }
 };
 
+// Segment names: kNamePrefix, the creating process's pid, "-", the run's token, "-", the rank.
+// The pid lets a later run tell a segment whose creator died before unlinking it (killed
+// during set-up) from one a live run still sets up.
+constexpr const char* kNamePrefix = "hasten-shm-";
+
+// Unlinks the segments in /dev/shm whose creator no longer exists. Another user's segments
+// are not ours to judge (kill() says EPERM for them, and unlinking would fail anyway).
+void reclaim_orphans() {
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return;  // no /dev/shm to scan: nothing can have leaked there
+  const size_t prefix_len = std::strlen(kNamePrefix);
+  std::vector<std::string> dead;
+  while (const dirent* e = ::readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, prefix_len, kNamePrefix) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(name.c_str() + prefix_len, &end, 10);
+    if (pid <= 0 || end == nullptr || *end != '-') continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) dead.push_back("/" + name);
+  }
+  ::closedir(dir);
+  for (const auto& name : dead) ::shm_unlink(name.c_str());
+}
+
 void cpu_relax() {
 #if defined(__x86_64__)
   _mm_pause();
@@ -105,24 +131,45 @@ class ShmComm final : public hasten::sdk::Comm {
     rank_ = init.rank;
     world_ = init.world_size;
     timeout_ = std::chrono::milliseconds(init.timeout_ms > 0 ? init.timeout_ms : 1800000);
+    connect_timeout_ = init.connect_timeout_ms > 0 ? std::chrono::milliseconds(init.connect_timeout_ms) : timeout_;
     prefix_ = init.store_prefix ? init.store_prefix : "shm/";
     const auto info = hasten::sdk::process_info(host());
     if (info.num_nodes > 1)
       throw Error(HASTEN_ERR_UNSUPPORTED, "shm: the run spans " + std::to_string(info.num_nodes) +
                                               " machines; shared memory connects the ranks of one machine (use gloo)");
-    // Rank 0 names the run's segments; each rank creates its own, then maps everyone's.
+    reclaim_orphans();
+    // Rank 0 draws the run's token; each rank creates its own segment, publishes its name,
+    // then maps everyone's.
     std::string token;
     if (rank_ == 0) {
       std::random_device rd;
-      token = "/hasten-" + std::to_string(::getpid()) + "-" + std::to_string(rd() % 1000000000u);
+      token = std::to_string(rd() % 1000000000u);
       store_set("token", token);
     } else {
       token = store_get("token");
     }
-    my_name_ = token + "-" + std::to_string(rank_);
+    my_name_ = "/" + std::string(kNamePrefix) + std::to_string(::getpid()) + "-" + token + "-" + std::to_string(rank_);
     const size_t size = kControlBytes + 2 * capacity_;
     const int fd = ::shm_open(my_name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) throw Error(HASTEN_ERR_SYSTEM, "shm: cannot create " + my_name_ + ": " + std::strerror(errno));
+    if (fd < 0) {
+      const std::string name = my_name_;
+      my_name_.clear();  // not ours: the destructor must not unlink it
+      throw Error(HASTEN_ERR_SYSTEM, "shm: cannot create " + name + ": " + std::strerror(errno));
+    }
+    try {
+      connect(fd, size, token);
+    } catch (...) {
+      // Every failure after the segment exists removes it here, whether or not the host
+      // destroys this instance afterwards.
+      ::shm_unlink(my_name_.c_str());
+      unlinked_ = true;
+      throw;
+    }
+  }
+
+ private:
+  // The rest of init, once this rank's segment exists: size it, map every rank's.
+  void connect(int fd, size_t size, const std::string& token) {
     // Reserve the pages now: a tmpfs that is too small then fails here with a message, not
     // with SIGBUS at the first large collective.
     if (::ftruncate(fd, static_cast<off_t>(size)) != 0 || ::posix_fallocate(fd, 0, static_cast<off_t>(size)) != 0) {
@@ -139,10 +186,14 @@ class ShmComm final : public hasten::sdk::Comm {
     for (auto& c : mine->phase) c.value.store(0, std::memory_order_relaxed);
     mine->capacity = capacity_;
     mine->pid.store(::getpid(), std::memory_order_release);
+    store_set("segment/" + std::to_string(rank_), my_name_);
     arrive("created");
     for (int q = 0; q < world_; ++q) {
       if (q == rank_) continue;
-      const std::string name = token + "-" + std::to_string(q);
+      const std::string name = store_get("segment/" + std::to_string(q));
+      if (name.find(token) == std::string::npos)
+        throw Error(HASTEN_ERR_INVALID_USAGE, "shm: rank " + std::to_string(q) + " published segment " + name +
+                                                  ", not one of this run (token " + token + ")");
       const int pfd = ::shm_open(name.c_str(), O_RDWR, 0600);
       if (pfd < 0)
         throw Error(HASTEN_ERR_SYSTEM, "shm: rank " + std::to_string(rank_) + " cannot open rank " + std::to_string(q) +
@@ -155,6 +206,8 @@ class ShmComm final : public hasten::sdk::Comm {
     ::shm_unlink(my_name_.c_str());  // everyone has it mapped: the memory goes when the last rank exits
     unlinked_ = true;
   }
+
+ public:
 
   bool supports_device(int32_t device_type) override { return device_type == kDLCPU; }
 
@@ -353,7 +406,7 @@ class ShmComm final : public hasten::sdk::Comm {
     const std::string k = prefix_ + key;
     char buf[512];
     size_t size = 0;
-    hasten::sdk::check(host(), host()->store_get(host(), k.c_str(), buf, sizeof buf, &size, timeout_.count()),
+    hasten::sdk::check(host(), host()->store_get(host(), k.c_str(), buf, sizeof buf, &size, connect_timeout_.count()),
                        "shm rendezvous");
     return std::string(buf, size);
   }
@@ -362,7 +415,7 @@ class ShmComm final : public hasten::sdk::Comm {
     const std::string k = prefix_ + key;
     int64_t n = 0;
     hasten::sdk::check(host(), host()->store_add(host(), k.c_str(), 1, &n), "shm rendezvous");
-    const auto deadline = Clock::now() + timeout_;
+    const auto deadline = Clock::now() + connect_timeout_;
     while (n < world_) {
       if (Clock::now() > deadline)
         throw Error(HASTEN_ERR_TIMEOUT, "shm: set-up timed out waiting for the other ranks (" + key + ")");
@@ -374,6 +427,7 @@ class ShmComm final : public hasten::sdk::Comm {
   size_t capacity_ = 16u << 20;
   int rank_ = 0, world_ = 1;
   std::chrono::milliseconds timeout_{1800000};
+  std::chrono::milliseconds connect_timeout_{1800000};  // set-up: store waits for the other ranks
   std::string prefix_;
   std::string my_name_;
   bool unlinked_ = false;

@@ -34,6 +34,7 @@
  *            answers to Accelerate's distributed_type values and owns a config section).
  *     1.3    strategy slots load_state_dict, optimizer_state and load_optimizer_state
  *            (checkpoints save and load what the strategy shards, on any number of ranks).
+ *     1.4    hasten_comm_init.connect_timeout_ms (set-up is bounded apart from collectives).
  *
  * - Tensors in asynchronous calls: a DLTensor struct passed to any call (and its shape and
  *   strides arrays) is borrowed for the duration of the call only; a callee that needs them
@@ -72,7 +73,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------ */
 
 #define HASTEN_ABI_MAJOR 1
-#define HASTEN_ABI_MINOR 3
+#define HASTEN_ABI_MINOR 4
 /* Packed as (major << 16) | minor in every abi_version field. */
 #define HASTEN_ABI_VERSION ((uint32_t)((HASTEN_ABI_MAJOR << 16) | HASTEN_ABI_MINOR))
 #define HASTEN_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -564,6 +565,9 @@ typedef struct hasten_comm_init {
   int32_t world_size;
   int64_t timeout_ms;     /* default deadline of every wait                            */
   const char* store_prefix; /* borrowed: prefix for this communicator's store keys    */
+  /* ---- Since 1.4 ---- */
+  int64_t connect_timeout_ms; /* deadline of init's store waits and connections (the run's
+                                 rendezvous_timeout_s); 0: timeout_ms                       */
 } hasten_comm_init;
 
 /* Since 1.1. What a comm backend serves, so that the host can pick one without knowing its

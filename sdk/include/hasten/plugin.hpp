@@ -486,7 +486,10 @@ constexpr hasten_comm_vtable make_comm_vtable() {
   vt.create = &detail::create<T, Comm>;
   vt.destroy = &detail::destroy<Comm>;
   vt.init = [](hasten_instance* i, const hasten_comm_init* init) noexcept {
-    return detail::call<Comm>(i, [&](Comm& c) { c.init(*init); });
+    // An older host passes a shorter struct: the fields it did not know read as 0.
+    hasten_comm_init mine{};
+    std::memcpy(&mine, init, init->struct_size < sizeof mine ? init->struct_size : sizeof mine);
+    return detail::call<Comm>(i, [&](Comm& c) { c.init(mine); });
   };
   vt.supports_device = [](hasten_instance* i, int32_t device_type) noexcept -> int32_t {
     try {
