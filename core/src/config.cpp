@@ -341,7 +341,8 @@ std::string default_config_yaml(const std::string& mixed_precision) {
   std::ostringstream out;
   out << "# hasten configuration (Accelerate-compatible keys); docs/config.md lists every key.\n"
       << "compute_environment: LOCAL_MACHINE\n"
-      << "distributed_type: 'NO'\n"
+      // No distributed_type: the number of processes decides (one: single, several: the
+      // MULTI_CPU strategy), so `hasten launch --num_processes 2` works with this file.
       << "mixed_precision: '" << value << "'\n"
       << "num_processes: 1\n"
       << "num_machines: 1\n"
