@@ -13,6 +13,8 @@ packages=(
   libcli11-dev libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libdlpack-dev
   libgtest-dev libgmock-dev
   binutils file jq procps
+  zlib1g-dev                        # gzread for the Fashion-MNIST example's IDX files
+  dataset-fashion-mnist             # the real data set of `make demo` and its tests
 )
 
 missing=()
