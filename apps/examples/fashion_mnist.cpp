@@ -6,6 +6,7 @@
 //   hasten-fashion-mnist --epochs 2 --project_dir runs/fmnist
 //   hasten launch --num_processes 2 build/bin/hasten-fashion-mnist --epochs 2 --project_dir runs/fmnist
 #include <hasten/hasten.hpp>
+#include <hasten/schedulers.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -103,11 +104,18 @@ int train(const Args& a, hasten::Options options) {
   torch::manual_seed(a.seed);
   auto net = std::make_shared<CnnImpl>();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(a.lr));
+  // The lr decays along a half cosine to 0 at the last step, as Accelerate's examples decay
+  // theirs (transformers' schedules): small steps at the end settle the weights, so a short
+  // run ends more accurate. Each rank's batches per epoch: ceil(60000 / global batch).
+  const int64_t global_batch = a.batch_size * acc.num_processes();
+  int64_t total_steps = a.epochs * ((data.train_images.size(0) + global_batch - 1) / global_batch);
+  if (a.max_steps > 0) total_steps = std::min(total_steps, a.max_steps);
+  auto cosine = hasten::schedulers::cosine_with_warmup(adam, /*warmup=*/0, total_steps);
   hasten::DataLoader train_data(hasten::TensorDataset(data.train_images, data.train_labels),
                                 {.batch_size = a.batch_size, .shuffle = true, .seed = a.seed});
   hasten::DataLoader test_data(hasten::TensorDataset(data.test_images, data.test_labels),
                                {.batch_size = a.eval_batch_size});
-  auto [model, opt, train_loader, test_loader] = acc.prepare(net, adam, train_data, test_data);  // hasten
+  auto [model, opt, train_loader, test_loader, schedule] = acc.prepare(net, adam, train_data, test_data, cosine);  // hasten
 
   const bool tracking = !acc.config().trackers.empty();
   if (tracking)
@@ -124,7 +132,7 @@ int train(const Args& a, hasten::Options options) {
   if (!resumed_from.empty() && !a.json)
     acc.print("resumed from ", resumed_from, " after epoch ", progress.epoch, " (step ", progress.step, ")");
 
-  const auto per_step = a.batch_size * acc.num_processes();
+  const auto per_step = global_batch;
   double train_s = 0;  // in the training loops only: samples/s leaves evaluation and saving out
   int64_t steps_this_run = 0;
   Eval last;
@@ -143,6 +151,7 @@ int train(const Args& a, hasten::Options options) {
       auto loss = F::cross_entropy(model(batch.input), batch.target);
       acc.backward(loss);  // hasten: instead of loss.backward()
       opt.step();
+      schedule.step();
       opt.zero_grad();
       ++progress.step, ++steps_this_run;
       const double l = loss.item<double>();
@@ -187,22 +196,50 @@ int train(const Args& a, hasten::Options options) {
   return 0;
 }
 
+// CLI11's own range checks print the type's whole range ("not in range 0.000000 to 1.79e308"
+// in full); these say what is allowed in words.
+CLI::Validator whole_number(int64_t min) {
+  return CLI::Validator(
+      [min](std::string& s) -> std::string {
+        try {
+          size_t used = 0;
+          if (std::stoll(s, &used) >= min && used == s.size()) return {};
+        } catch (const std::exception&) {
+        }
+        return "expects a whole number >= " + std::to_string(min) + ", got '" + s + "'";
+      },
+      "INT>=" + std::to_string(min));
+}
+
+CLI::Validator positive_real() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        try {
+          size_t used = 0;
+          if (std::stod(s, &used) > 0 && used == s.size()) return {};
+        } catch (const std::exception&) {
+        }
+        return "expects a number > 0, got '" + s + "'";
+      },
+      "NUMBER>0");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Args a;
   CLI::App app{"hasten-fashion-mnist: train a small CNN on Fashion-MNIST through hasten"};
-  app.add_option("--epochs", a.epochs, "Passes over the 60,000 training images")->check(CLI::PositiveNumber);
+  app.add_option("--epochs", a.epochs, "Passes over the 60,000 training images")->check(whole_number(1));
   app.add_option("--max_steps,--max-steps", a.max_steps, "Stop after this many optimizer steps in all (0: no limit)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--batch_size,--batch-size", a.batch_size, "Per-process batch size")->check(CLI::PositiveNumber);
+      ->check(whole_number(0));
+  app.add_option("--batch_size,--batch-size", a.batch_size, "Per-process batch size")->check(whole_number(1));
   app.add_option("--eval_batch_size,--eval-batch-size", a.eval_batch_size, "Per-process batch size of the evaluation")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--lr", a.lr, "Adam learning rate")->check(CLI::PositiveNumber);
+      ->check(whole_number(1));
+  app.add_option("--lr", a.lr, "Adam learning rate")->check(positive_real());
   app.add_option("--seed", a.seed, "Seed of the initial weights and the shuffle order");
-  app.add_option("--threads", a.threads, "Intra-op threads per process")->check(CLI::PositiveNumber);
+  app.add_option("--threads", a.threads, "Intra-op threads per process")->check(whole_number(1));
   app.add_option("--log_every,--log-every", a.log_every, "Log the training loss to the trackers every N steps (0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
   app.add_option("--data_dir,--data-dir", a.data_dir, "Directory of the four IDX files (.gz or not)");
   std::string project_dir, config_file, mp, strategy;
   std::vector<std::string> trackers, sets;

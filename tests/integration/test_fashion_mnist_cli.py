@@ -31,7 +31,8 @@ with tempfile.TemporaryDirectory() as empty:
     p = h.run([EXE, "--data_dir", empty])
     h.check_clean_failure(p, "damaged data file", expect="train-images-idx3-ubyte")
 
-h.check_clean_failure(h.run([EXE, "--epochs", "0"]), "--epochs 0", expect="--epochs")
-h.check_clean_failure(h.run([EXE, "--batch_size", "x"]), "--batch_size x", expect="--batch_size")
+h.check_clean_failure(h.run([EXE, "--epochs", "0"]), "--epochs 0", expect="--epochs: expects a whole number >= 1")
+h.check_clean_failure(h.run([EXE, "--batch_size", "x"]), "--batch_size x", expect="--batch_size: expects a whole number >= 1")
+h.check_clean_failure(h.run([EXE, "--lr", "-1"]), "--lr -1", expect="--lr: expects a number > 0")
 h.check_clean_failure(h.run([EXE, "--no_such_flag"]), "unknown flag", expect="--no_such_flag")
 print("ok")
