@@ -15,6 +15,8 @@ packages=(
   libprotobuf-dev protobuf-compiler # tensorboard tracker: event/summary messages from a .proto subset
   python3-protobuf                  # the integration tests' TensorBoard event-file reader
   binutils file jq procps
+  zlib1g-dev                        # gzread for the Fashion-MNIST example's IDX files
+  dataset-fashion-mnist             # the real data set of `make demo` and its tests
 )
 
 missing=()

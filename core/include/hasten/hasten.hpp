@@ -9,6 +9,7 @@
 #include <hasten/launch.hpp>
 #include <hasten/logging.hpp>
 #include <hasten/process.hpp>
+#include <hasten/progress.hpp>
 #include <hasten/safetensors.hpp>
 #include <hasten/unit.hpp>
 #include <hasten/version.hpp>
