@@ -1,8 +1,10 @@
 // The local half of `hasten launch` (launcher.hpp): fork/exec of the workers, their output
-// prefixed and logged, signal forwarding and the stop-the-others policy.
+// prefixed and logged, and signal forwarding. The stop-the-others policy is the supervisor's
+// (hasten/detail/worker_supervisor.hpp), shared with hasten::launch.
 #include "launcher.hpp"
 
 #include <hasten/detail/launch_contract.hpp>
+#include <hasten/detail/worker_supervisor.hpp>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -13,16 +15,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <atomic>
 #include <memory>
-#include <thread>
 
 namespace hasten::cli {
 
@@ -40,18 +38,7 @@ struct Stream {
 };
 
 struct Worker {
-  int local_rank = 0;
   int rank = 0;
-  pid_t pid = -1;
-  bool running = false;
-  int status = 0;
-  // Set by the worker's waiter thread the moment the process ends, so that when several end
-  // in one polling round the first to fail is the one named (a peer that notices the death
-  // and exits a moment later is not the cause).
-  std::atomic<bool> exited{false};
-  std::atomic<int> exit_status{0};
-  std::chrono::steady_clock::time_point exit_time;
-  std::thread waiter;
   Stream out, err;
   std::unique_ptr<std::ofstream> log;
 };
@@ -108,11 +95,6 @@ bool drain(Worker& w, Stream& s, const std::string& prefix) {
   }
 }
 
-void signal_all(std::vector<Worker>& workers, int sig) {
-  for (auto& w : workers)
-    if (w.running) ::kill(-w.pid, sig);  // the worker's whole process group
-}
-
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> LaunchPlan::worker_env(int local_rank) const {
@@ -152,20 +134,11 @@ int run_workers(const LaunchPlan& plan, bool* interrupted) {
   const bool use_pipes = plan.prefix_output || !plan.log_dir.empty();
 
   std::vector<Worker> workers(static_cast<size_t>(plan.local_world_size));
-  // Every exit from here kills what still runs and joins the waiter threads.
-  struct Reaper {
-    std::vector<Worker>& workers;
-    ~Reaper() {
-      for (auto& w : workers)
-        if (w.waiter.joinable()) {
-          if (!w.exited.load()) ::kill(-w.pid, SIGKILL);
-          w.waiter.join();
-        }
-    }
-  } reaper{workers};
+  // Each worker leads its own process group, so that signals reach its children too. The
+  // supervisor kills what still runs on every way out of this function.
+  detail::WorkerSupervisor supervisor(plan.grace_s, /*process_groups=*/true);
   for (int lr = 0; lr < plan.local_world_size; ++lr) {
     Worker& w = workers[static_cast<size_t>(lr)];
-    w.local_rank = lr;
     w.rank = plan.global_rank(lr);
     if (!plan.log_dir.empty()) {
       w.log = std::make_unique<std::ofstream>(plan.log_dir + "/rank_" + std::to_string(w.rank) + ".log");
@@ -173,7 +146,6 @@ int run_workers(const LaunchPlan& plan, bool* interrupted) {
     int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
     if (use_pipes && (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0)) {
       std::cerr << "hasten: error: pipe: " << std::strerror(errno) << std::endl;
-      signal_all(workers, SIGKILL);
       return 1;
     }
     // Everything the child needs is prepared before fork (no allocation after it).
@@ -186,7 +158,6 @@ int run_workers(const LaunchPlan& plan, bool* interrupted) {
     const pid_t pid = ::fork();
     if (pid < 0) {
       std::cerr << "hasten: error: fork: " << std::strerror(errno) << std::endl;
-      signal_all(workers, SIGKILL);
       return 1;
     }
     if (pid == 0) {
@@ -217,16 +188,7 @@ int run_workers(const LaunchPlan& plan, bool* interrupted) {
       ::_exit(127);
     }
     ::setpgid(pid, pid);
-    w.pid = pid;
-    w.running = true;
-    w.waiter = std::thread([&w] {
-      int st = 0;
-      while (::waitpid(w.pid, &st, 0) < 0 && errno == EINTR) {
-      }
-      w.exit_time = std::chrono::steady_clock::now();
-      w.exit_status.store(st);
-      w.exited.store(true);
-    });
+    supervisor.add(w.rank, pid);
     if (use_pipes) {
       ::close(out_pipe[1]);
       ::close(err_pipe[1]);
@@ -239,24 +201,13 @@ int run_workers(const LaunchPlan& plan, bool* interrupted) {
     }
   }
 
-  using clock = std::chrono::steady_clock;
-  int first_failure = -1;  // index of the worker whose failure stops the run
   int forwarded_signal = 0;
-  bool stopping = false;
-  clock::time_point kill_deadline{};
-  auto begin_stop = [&] {
-    if (stopping) return;
-    stopping = true;
-    kill_deadline = clock::now() + std::chrono::milliseconds(static_cast<int64_t>(plan.grace_s * 1000));
-  };
-
   for (;;) {
     if (g_signal != 0) {
       const int sig = g_signal;
       g_signal = 0;
       forwarded_signal = sig;
-      signal_all(workers, sig);
-      begin_stop();
+      supervisor.stop(sig);
     }
     // Output.
     std::vector<pollfd> fds;
@@ -278,34 +229,13 @@ int run_workers(const LaunchPlan& plan, bool* interrupted) {
     } else {
       ::usleep(50 * 1000);
     }
-    // Exits, in the order they happened.
-    std::vector<size_t> ended;
-    for (size_t i = 0; i < workers.size(); ++i)
-      if (workers[i].running && workers[i].exited.load()) ended.push_back(i);
-    std::sort(ended.begin(), ended.end(), [&](size_t a, size_t b) { return workers[a].exit_time < workers[b].exit_time; });
-    for (size_t i : ended) {
-      Worker& w = workers[i];
-      w.running = false;
-      w.status = w.exit_status.load();
-      const int status = w.status;
-      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (failed && first_failure < 0 && !stopping) {
-        first_failure = static_cast<int>(i);
-        if (plan.world_size > 1)  // with one worker its own output says what happened
-          std::cerr << "hasten launch: " << detail::describe_worker_exit(w.rank, w.pid, status)
-                    << "; stopping the other workers" << std::endl;
-        signal_all(workers, SIGTERM);
-        begin_stop();
-      }
-      ::kill(-w.pid, SIGKILL);  // its descendants go with it
-    }
-    bool any_running = false;
-    for (auto& w : workers) any_running = any_running || w.running;
-    if (!any_running) break;
-    if (stopping && clock::now() > kill_deadline) signal_all(workers, SIGKILL);
+    for (const auto& end : supervisor.collect())
+      if (end.stopped_the_run && plan.world_size > 1)  // with one worker its own output says what happened
+        std::cerr << "hasten launch: " << detail::describe_worker_exit(end.rank, end.pid, end.status)
+                  << "; stopping the other workers" << std::endl;
+    if (!supervisor.any_running()) break;
+    supervisor.enforce_grace();
   }
-  for (auto& w : workers)
-    if (w.waiter.joinable()) w.waiter.join();
   // What is left in the pipes.
   for (auto& w : workers)
     for (Stream* s : {&w.out, &w.err})
@@ -319,15 +249,12 @@ int run_workers(const LaunchPlan& plan, bool* interrupted) {
         }
       }
   if (interrupted != nullptr) *interrupted = forwarded_signal != 0;
-  if (first_failure >= 0) return detail::exit_code_of(workers[static_cast<size_t>(first_failure)].status);
-  if (forwarded_signal != 0) {
-    for (auto& w : workers)
-      if (!(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) return detail::exit_code_of(w.status);
-    return 128 + forwarded_signal;
-  }
-  for (auto& w : workers)
-    if (!(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) return detail::exit_code_of(w.status);
-  return 0;
+  if (supervisor.first_failure() >= 0)
+    return detail::exit_code_of(supervisor.status(static_cast<size_t>(supervisor.first_failure())));
+  for (size_t i = 0; i < supervisor.size(); ++i)
+    if (!(WIFEXITED(supervisor.status(i)) && WEXITSTATUS(supervisor.status(i)) == 0))
+      return detail::exit_code_of(supervisor.status(i));
+  return forwarded_signal != 0 ? 128 + forwarded_signal : 0;
 }
 
 }  // namespace hasten::cli

@@ -1,7 +1,8 @@
 // The in-process launcher: fork workers, give each the torchrun environment contract
-// (launch_contract.cpp, shared with `hasten launch`), and treat their exits as `hasten launch`
-// does (first failure stops the others).
+// (launch_contract.cpp) and supervise them with the loop `hasten launch` uses
+// (worker_supervisor.cpp: the first failure stops the others).
 #include <hasten/detail/launch_contract.hpp>
+#include <hasten/detail/worker_supervisor.hpp>
 #include <hasten/error.hpp>
 #include <hasten/launch.hpp>
 
@@ -29,7 +30,8 @@ void launch(const std::function<void()>& fn, const LaunchOptions& options) {
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);
-  std::vector<pid_t> pids(static_cast<size_t>(n), -1);
+  // Workers share the caller's process group: a Ctrl-C at the terminal reaches them directly.
+  detail::WorkerSupervisor supervisor(options.grace_s, /*process_groups=*/false);
   for (int r = 0; r < n; ++r) {
     detail::WorkerPlace place;
     place.rank = place.local_rank = r;
@@ -39,11 +41,8 @@ void launch(const std::function<void()>& fn, const LaunchOptions& options) {
     const auto contract = detail::torchrun_env(place);  // the caller's env entries win over it
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
-    if (pid < 0) {
-      for (pid_t p : pids)
-        if (p > 0) ::kill(p, SIGKILL);
+    if (pid < 0)  // the supervisor kills the workers already started
       throw Error(std::string("hasten::launch: fork failed: ") + std::strerror(errno));
-    }
     if (pid == 0) {
       // A caller killed with SIGKILL cannot stop its workers: the kernel does it. The signal
       // comes when the thread that called launch() ends (launch.hpp says so). A parent that
@@ -67,48 +66,29 @@ void launch(const std::function<void()>& fn, const LaunchOptions& options) {
       std::fflush(nullptr);
       ::_exit(code);  // no atexit handlers or static destructors of the parent's program
     }
-    pids[static_cast<size_t>(r)] = pid;
+    supervisor.add(r, pid);
   }
 
+  // The stop policy is the one `hasten launch` applies (worker_supervisor.hpp); what is
+  // left here is the deadline of the whole launch.
   using clock = std::chrono::steady_clock;
   const auto deadline = clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
-  std::vector<int> status(static_cast<size_t>(n), 0);
-  std::vector<bool> running(static_cast<size_t>(n), true);
-  int failed = -1, left = n;
   bool timed_out = false;
-  clock::time_point kill_at{};
-  while (left > 0) {
-    for (int r = 0; r < n; ++r) {
-      if (!running[static_cast<size_t>(r)]) continue;
-      int st = 0;
-      if (::waitpid(pids[static_cast<size_t>(r)], &st, WNOHANG) == pids[static_cast<size_t>(r)]) {
-        running[static_cast<size_t>(r)] = false;
-        status[static_cast<size_t>(r)] = st;
-        --left;
-        if (failed < 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
-          failed = r;
-          for (int o = 0; o < n; ++o)
-            if (running[static_cast<size_t>(o)]) ::kill(pids[static_cast<size_t>(o)], SIGTERM);
-          kill_at = clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options.grace_s * 1000));
-        }
-      }
-    }
-    if (left == 0) break;
-    const auto now = clock::now();
-    if (!timed_out && failed < 0 && now > deadline) {
+  while (supervisor.any_running()) {
+    supervisor.collect();
+    if (!supervisor.any_running()) break;
+    if (!supervisor.stopping() && clock::now() > deadline) {
       timed_out = true;
-      for (int o = 0; o < n; ++o)
-        if (running[static_cast<size_t>(o)]) ::kill(pids[static_cast<size_t>(o)], SIGTERM);
-      kill_at = now + std::chrono::milliseconds(static_cast<int64_t>(options.grace_s * 1000));
+      supervisor.stop(SIGTERM);
     }
-    if ((failed >= 0 || timed_out) && now > kill_at)
-      for (int o = 0; o < n; ++o)
-        if (running[static_cast<size_t>(o)]) ::kill(pids[static_cast<size_t>(o)], SIGKILL);
+    supervisor.enforce_grace();
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  if (failed >= 0)
-    throw Error("hasten::launch: " + detail::describe_worker_exit(failed, pids[static_cast<size_t>(failed)],
-                                                                  status[static_cast<size_t>(failed)]));
+  if (const int failed = supervisor.first_failure(); failed >= 0) {
+    const auto i = static_cast<size_t>(failed);
+    throw Error("hasten::launch: " +
+                detail::describe_worker_exit(supervisor.rank(i), supervisor.pid(i), supervisor.status(i)));
+  }
   if (timed_out)
     throw Error("hasten::launch: the workers did not finish within " + std::to_string(options.timeout_s) + " s");
 }

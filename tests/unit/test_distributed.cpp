@@ -8,6 +8,7 @@
 
 #include <csignal>
 #include <tuple>
+#include <unistd.h>
 #include <cstdlib>
 #include <fstream>
 
@@ -345,5 +346,19 @@ TEST(Distributed, InProcessLauncherReportsAFailingRank) {
   } catch (const hasten::Error& e) {
     EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("exited with status 1"), std::string::npos) << e.what();
+  }
+}
+
+// The deadline of the whole launch is reported as such, not as the SIGTERM that ended the
+// workers it stopped (both launchers share the stop policy: worker_supervisor.cpp).
+TEST(Distributed, InProcessLauncherReportsItsDeadline) {
+  auto options = with_ranks(2);
+  options.timeout_s = 0.5;
+  options.grace_s = 0.2;
+  try {
+    hasten::launch([] { ::sleep(30); }, options);
+    FAIL();
+  } catch (const hasten::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("did not finish within"), std::string::npos) << e.what();
   }
 }
