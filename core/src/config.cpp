@@ -188,7 +188,28 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
   for (auto& t : merged["plugin_path"]) c.plugin_path.push_back(t.get<std::string>());
   c.precision_options = merged["precision_options"].dump();
   c.tracker_options = merged["tracker_options"].dump();
-  c.comm_options = merged["comm_options"].dump();
+  {
+    // Keyed by device type when any key is one (the shape of `comm`); otherwise the whole
+    // mapping belongs to the CPU backend, as before per-device options existed.
+    const json& o = merged["comm_options"];
+    bool by_device = false, flat = false;
+    for (auto it = o.begin(); it != o.end(); ++it) (it.key() == "cpu" || it.key() == "cuda" ? by_device : flat) = true;
+    if (by_device && flat)
+      throw ConfigError("config error: comm_options (" + where("comm_options") +
+                        ") mixes device types (cpu, cuda) with option names; give either the CPU backend's options "
+                        "or a mapping per device type: {cpu: {...}, cuda: {...}}");
+    if (by_device) {
+      for (auto it = o.begin(); it != o.end(); ++it) {
+        if (!it.value().is_object())
+          throw ConfigError("config error: comm_options." + it.key() + " (" + where("comm_options") +
+                            "): expected a mapping of the " + it.key() + " backend's options, got '" + show(it.value()) + "'");
+        c.comm_options_by_device[it.key()] = it.value().dump();
+      }
+    } else {
+      c.comm_options_by_device["cpu"] = o.dump();
+    }
+    c.comm_options = c.comm_options_by_device.count("cpu") ? c.comm_options_by_device["cpu"] : "{}";
+  }
 
   // Cross-key checks.
   if (c.machine_rank >= c.num_machines)

@@ -76,7 +76,7 @@ const Schema& core_schema() {
       {"comm", T::Any, "auto", {}, {}, {},
        "Comm backend per device type: a name or path for CPU tensors, or a mapping {cpu: X, cuda: Y}; "
        "auto picks the serving plugin of highest priority that fits the run"},
-      {"comm_options", T::Map, json::object(), {}, {}, {}, "Options of the comm plugin"},
+      {"comm_options", T::Map, json::object(), {}, {}, {}, "Options of the CPU comm backend (a mapping), or per device type as comm is: {cpu: {...}, cuda: {...}} (cuda's apply when the model is on a GPU)"},
       {"plugin_path", T::StringList, json::array(), {}, {}, {}, "Extra plugin directories, searched last"},
       {"project_dir", T::String, ".", {}, {}, {}, "Base directory of the run's outputs"},
       {"logging_dir", T::String, "", {}, {}, {}, "Tracker output directory (default <project_dir>/hasten_logs)"},

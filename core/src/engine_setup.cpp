@@ -39,16 +39,21 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
     s.store = rendezvous(s.process, rendezvous_ms);
     s.host.store = s.store.get();
     // One backend per device type the run touches (comm_routing.cpp: the config, or the
-    // plugins' own declarations under auto). comm_options go to the CPU backend.
+    // plugins' own declarations under auto), each with its comm_options.
     auto backend = [&](int32_t type) {
       auto it = s.config.comm_backends.find(type == kDLCUDA ? "cuda" : "cpu");
       return it == s.config.comm_backends.end() ? std::string("auto") : it->second;
     };
-    auto cpu = open_comm_backend(kDLCPU, backend(kDLCPU), s.config.comm_options, &s.host.api, s.process,
+    auto options = [&](int32_t type) {
+      auto it = s.config.comm_options_by_device.find(type == kDLCUDA ? "cuda" : "cpu");
+      return it == s.config.comm_options_by_device.end() ? std::string("{}") : it->second;
+    };
+    auto cpu = open_comm_backend(kDLCPU, backend(kDLCPU), options(kDLCPU), &s.host.api, s.process,
                                  s.host.timeout_ms, rendezvous_ms);
     std::unique_ptr<CommInstance> gpu;
     if (s.dl_device.device_type == kDLCUDA)
-      gpu = open_comm_backend(kDLCUDA, backend(kDLCUDA), "{}", &s.host.api, s.process, s.host.timeout_ms, rendezvous_ms);
+      gpu = open_comm_backend(kDLCUDA, backend(kDLCUDA), options(kDLCUDA), &s.host.api, s.process, s.host.timeout_ms,
+                              rendezvous_ms);
     s.comm = make_plugin_communicator(s.process.rank, s.process.world_size, std::move(cpu), std::move(gpu));
   } else {
     s.comm = make_local_communicator();

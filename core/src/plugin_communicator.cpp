@@ -1,7 +1,10 @@
 #include "plugin_communicator.hpp"
 
+#include "current_stream.hpp"
+
 #include <hasten/error.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -37,6 +40,22 @@ WorkPtr wrap(CommInstance* comm, hasten_work* w) {
   return w != nullptr ? std::make_unique<PluginWork>(comm, w) : nullptr;
 }
 
+// A collective on a CUDA buffer goes to the plugin with LibTorch's current stream unless the
+// caller named one, so that it runs after the kernels producing the buffer (plugin.h: the
+// plugin orders its work after `stream`). `storage` holds the amended copy.
+const hasten_coll_options* on_current_stream(const DLDevice& device, const hasten_coll_options* o,
+                                             hasten_coll_options& storage) {
+  if (device.device_type != kDLCUDA || (o != nullptr && o->stream != nullptr)) return o;
+  void* stream = current_stream(device);
+  if (stream == nullptr) return o;
+  storage = hasten_coll_options{HASTEN_STRUCT_INIT(hasten_coll_options), nullptr, 0};
+  if (o != nullptr)  // a caller built against an older header may have a shorter struct
+    std::memcpy(&storage, o, std::min<size_t>(o->struct_size, sizeof storage));
+  storage.struct_size = sizeof storage;
+  storage.stream = stream;
+  return &storage;
+}
+
 class PluginCommunicator final : public Communicator {
  public:
   PluginCommunicator(int rank, int world, std::unique_ptr<CommInstance> cpu, std::unique_ptr<CommInstance> gpu)
@@ -53,16 +72,19 @@ class PluginCommunicator final : public Communicator {
   }
   WorkPtr allreduce(DLTensor& b, hasten_reduce_op op, const hasten_coll_options* o) override {
     CommInstance& c = route(b.device);
-    return wrap(&c, c.allreduce(b, op, o));
+    hasten_coll_options s;
+    return wrap(&c, c.allreduce(b, op, on_current_stream(b.device, o, s)));
   }
   WorkPtr allgather(const DLTensor& in, DLTensor& out, const hasten_coll_options* o) override {
     CommInstance& c = route(in.device);
-    return wrap(&c, c.allgather(in, out, o));
+    hasten_coll_options s;
+    return wrap(&c, c.allgather(in, out, on_current_stream(in.device, o, s)));
   }
   WorkPtr reduce_scatter(const DLTensor& in, DLTensor& out, hasten_reduce_op op,
                          const hasten_coll_options* o) override {
     CommInstance& c = route(in.device);
-    if (c.has_reduce_scatter()) return wrap(&c, c.reduce_scatter(in, out, op, o));
+    hasten_coll_options s;
+    if (c.has_reduce_scatter()) return wrap(&c, c.reduce_scatter(in, out, op, on_current_stream(in.device, o, s)));
     // The backend has none: allreduce a copy and keep this rank's slice (twice the traffic).
     if (in.device.device_type != kDLCPU)
       throw Error(c.label() + ": has no reduce_scatter for device buffers");
@@ -79,7 +101,8 @@ class PluginCommunicator final : public Communicator {
   }
   WorkPtr broadcast(DLTensor& b, int root, const hasten_coll_options* o) override {
     CommInstance& c = route(b.device);
-    return wrap(&c, c.broadcast(b, root, o));
+    hasten_coll_options s;
+    return wrap(&c, c.broadcast(b, root, on_current_stream(b.device, o, s)));
   }
   void barrier(const hasten_coll_options* o) override {
     if (auto w = wrap(cpu_.get(), cpu_->barrier(o))) w->wait(0);

@@ -16,8 +16,8 @@ void check_config_plugins(const Config& config) {
   if (!config.plugin_path.empty()) registry.add_search_directories(config.plugin_path);
   detail::plugin_options(registry.select(PluginKind::Strategy, config.strategy), config.strategy_options);
   detail::plugin_options(registry.select(PluginKind::Precision, config.precision), config.precision_options);
-  // Several processes: the CPU backend (the one comm_options go to) and any GPU backend the
-  // config names. The GPU's "auto" depends on the workers' devices, so it is left to them.
+  // Several processes: the CPU backend and any GPU backend the config names, each with its
+  // comm_options. The GPU's "auto" depends on the workers' devices, so it is left to them.
   if (config.num_processes > 1) {
     ProcessInfo run;
     run.world_size = config.num_processes;
@@ -27,7 +27,9 @@ void check_config_plugins(const Config& config) {
       if (device != "cpu" && choice == "auto") continue;
       const int32_t type = device == "cpu" ? kDLCPU : kDLCUDA;
       const std::string name = detail::choose_comm_backend(type, choice, run);
-      detail::plugin_options(registry.select(PluginKind::Comm, name), device == "cpu" ? config.comm_options : "{}");
+      const auto options = config.comm_options_by_device.find(device);
+      detail::plugin_options(registry.select(PluginKind::Comm, name),
+                             options == config.comm_options_by_device.end() ? "{}" : options->second);
     }
     if (config.comm_backends.count("cpu") == 0)
       detail::plugin_options(registry.select(PluginKind::Comm, detail::choose_comm_backend(kDLCPU, "auto", run)),

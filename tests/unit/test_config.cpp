@@ -361,3 +361,26 @@ TEST(Config, CommNamesABackendPerDeviceType) {
   o.set = {{"comm", "{cpu: [a, b]}"}};
   EXPECT_NE(error_of(o, clean_env(dir.path())).find("comm.cpu"), std::string::npos);
 }
+
+TEST(Config, CommOptionsGoToTheCpuBackendOrPerDeviceType) {
+  hasten::test::TempDir dir;
+  auto env = clean_env(dir.path());
+  env["HASTEN_COMM_OPTIONS"] = "{buffer_mb: 2}";  // flat: the CPU backend's, as before
+  Config c = hasten::resolve_config({}, env);
+  EXPECT_EQ(nlohmann::json::parse(c.comm_options), nlohmann::json::parse(R"({"buffer_mb": 2})"));
+  EXPECT_EQ(c.comm_options_by_device.count("cuda"), 0u);
+  env["HASTEN_COMM_OPTIONS"] = "{cpu: {buffer_mb: 3}, cuda: {nccl_opt: x}}";
+  c = hasten::resolve_config({}, env);
+  EXPECT_EQ(nlohmann::json::parse(c.comm_options), nlohmann::json::parse(R"({"buffer_mb": 3})"));
+  EXPECT_EQ(nlohmann::json::parse(c.comm_options_by_device.at("cuda")), nlohmann::json::parse(R"({"nccl_opt": "x"})"));
+  env["HASTEN_COMM_OPTIONS"] = "{cuda: {a: 1}}";  // no CPU options: the CPU backend gets none
+  c = hasten::resolve_config({}, env);
+  EXPECT_EQ(c.comm_options, "{}");
+  env["HASTEN_COMM_OPTIONS"] = "{cpu: {buffer_mb: 3}, buffer_mb: 4}";
+  std::string e = error_of({}, env);
+  EXPECT_NE(e.find("comm_options"), std::string::npos) << e;
+  EXPECT_NE(e.find("mixes device types"), std::string::npos) << e;
+  env["HASTEN_COMM_OPTIONS"] = "{cuda: 5}";
+  e = error_of({}, env);
+  EXPECT_NE(e.find("comm_options.cuda"), std::string::npos) << e;
+}

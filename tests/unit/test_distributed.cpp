@@ -149,6 +149,8 @@ TEST(CommOptions, AnUnknownKeyOrABadValueIsAnErrorNamingIt) {
   const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
       {"shm", "{buffer_mb: 1, bufer_mb: 2}", "shm options: unknown key 'bufer_mb' (allowed: buffer_mb); did you mean 'buffer_mb'?"},
       {"shm", "{buffer_mb: lots}", "option buffer_mb: expected a number, got \"lots\""},
+      // Per device type (the shape of `comm`): the cpu entry is the CPU backend's.
+      {"shm", "{cpu: {bufer_mb: 2}, cuda: {}}", "shm options: unknown key 'bufer_mb' (allowed: buffer_mb)"},
       {"shm", "{buffer_mb: 0.5}", "buffer_mb must be 1 to 4096"},
       {"gloo", "{hostname: localhost, interface: eth0}", "gloo options: unknown key 'interface' (allowed: hostname)"},
       {"gloo", "{hostname: 3}", "option hostname: expected a string, got 3"}};

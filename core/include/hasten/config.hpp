@@ -71,7 +71,11 @@ struct Config {
   // Config key `comm` per device type ("cpu", "cuda"): a plugin name, a path or "auto"; a
   // device type not listed is auto.
   std::map<std::string, std::string> comm_backends;
+  // Config key `comm_options`: the CPU backend's options (a flat mapping), or options per
+  // device type ({cpu: {...}, cuda: {...}}), the shape of `comm`. By device type, as JSON
+  // objects; comm_options is the CPU backend's.
   std::string comm_options = "{}";
+  std::map<std::string, std::string> comm_options_by_device;
   std::vector<std::string> plugin_path;  // extra plugin directories, searched last
 
   // Run settings.
