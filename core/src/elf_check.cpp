@@ -39,13 +39,14 @@ bool read_at(int fd, void* buf, size_t len, uint64_t offset) {
 
 std::string bytes(uint64_t n) { return std::to_string(n) + (n == 1 ? " byte" : " bytes"); }
 
-// `end` past `size`: truncated when the table starts inside the file, else a damaged offset.
-std::string beyond(const char* what, uint64_t start, uint64_t end, uint64_t size) {
+// `end` past `size`: truncated when the table starts inside the file, else a damaged offset
+// (or, for the section headers at the end of a file, one cut short: both are said).
+std::string beyond(const char* what, uint64_t start, uint64_t end, uint64_t size, bool at_end) {
   if (start < size)
     return std::string("truncated: ") + what + " end at byte " + std::to_string(end) + " but the file has " +
            bytes(size);
-  return std::string("corrupted ELF header: ") + what + " start at byte " + std::to_string(start) +
-         ", past the end of the file (" + bytes(size) + ")";
+  return std::string(at_end ? "truncated or corrupted ELF header: " : "corrupted ELF header: ") + what +
+         " start at byte " + std::to_string(start) + ", past the end of the file (" + bytes(size) + ")";
 }
 
 }  // namespace
@@ -99,7 +100,7 @@ std::string elf_problem(const std::string& file) {
   if (eh.e_phnum == 0 || eh.e_phnum == PN_XNUM)
     return "corrupted ELF header: " + std::to_string(eh.e_phnum) + " program headers";
   const uint64_t ph_end = eh.e_phoff + uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr);
-  if (eh.e_phoff > size || ph_end > size) return beyond("program headers", eh.e_phoff, ph_end, size);
+  if (eh.e_phoff > size || ph_end > size) return beyond("program headers", eh.e_phoff, ph_end, size, false);
   std::vector<Elf64_Phdr> ph(eh.e_phnum);
   if (!read_at(fd, ph.data(), ph.size() * sizeof(Elf64_Phdr), eh.e_phoff))
     return "truncated: the program headers cannot be read";
@@ -110,13 +111,12 @@ std::string elf_problem(const std::string& file) {
     if (p.p_type != PT_LOAD && p.p_type != PT_DYNAMIC && p.p_type != PT_INTERP && p.p_type != PT_NOTE &&
         p.p_type != PT_TLS && p.p_type != PT_GNU_RELRO)
       continue;  // the loader ignores kinds it does not map or read
+    // Intact program headers that point past the end: the file was cut short.
     if (p.p_offset > size || p.p_filesz > size - p.p_offset)
-      return p.p_offset < size ? "truncated: " + which + " (a " +
-                                     (p.p_type == PT_LOAD ? std::string("loadable segment") : "table") +
-                                     ") ends at byte " + std::to_string(p.p_offset + p.p_filesz) + " but the file has " +
-                                     bytes(size)
-                               : "corrupted ELF header: " + which + " starts at byte " + std::to_string(p.p_offset) +
-                                     ", past the end of the file (" + bytes(size) + ")";
+      return "truncated: " + which + " (a " + (p.p_type == PT_LOAD ? std::string("loadable segment") : "table") +
+             ") " + (p.p_offset < size ? "ends at byte " + std::to_string(p.p_offset + p.p_filesz)
+                                       : "starts at byte " + std::to_string(p.p_offset)) +
+             " but the file has " + bytes(size);
     if (p.p_type != PT_LOAD) continue;
     ++loads;
     if (p.p_filesz > p.p_memsz)
@@ -133,7 +133,7 @@ std::string elf_problem(const std::string& file) {
       return "corrupted ELF header: section header entry size " + std::to_string(eh.e_shentsize) + " (expected " +
              std::to_string(sizeof(Elf64_Shdr)) + ")";
     const uint64_t sh_end = eh.e_shoff + uint64_t{eh.e_shnum} * sizeof(Elf64_Shdr);
-    if (eh.e_shoff > size || sh_end > size) return beyond("section headers", eh.e_shoff, sh_end, size);
+    if (eh.e_shoff > size || sh_end > size) return beyond("section headers", eh.e_shoff, sh_end, size, true);
   }
   return "";
 }

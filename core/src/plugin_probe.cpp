@@ -3,7 +3,7 @@
 // a forked child already has it. Forking a process that may have other threads (LibTorch's
 // pools) is safe here because the child does only what glibc makes safe after fork: malloc and
 // the dynamic loader's locks are reset in the child of a multi-threaded fork (glibc >= 2.24),
-// and the child does nothing but dlopen, dlsym, call the entry, read the descriptors, write
+// and the child does nothing but dlopen, dlsym, call the entry, read the descriptors, dlclose, write
 // one byte per step to a pipe and _exit. It never returns into the caller, never runs atexit
 // handlers or static destructors (_exit), and stdio buffers are flushed before the fork so
 // nothing is written twice. Should a lock held by another parent thread still block the child
@@ -38,6 +38,7 @@ const char* stage_words(char stage) {
     case 'L': return "while being loaded (its constructors or the dynamic loader)";
     case 'E': return "while running its entry function hasten_plugin_entry_v1";
     case 'D': return "while its descriptors were read (a bad descriptor)";
+    case 'U': return "while being unloaded (its destructors)";
     case 'K': return "after loading";
   }
   return "before loading";

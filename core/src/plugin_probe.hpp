@@ -10,7 +10,7 @@ namespace hasten::detail {
 
 // The steps of a load, in order; the child reports each before it starts it, so that a
 // crash can be named by where it happened.
-enum class ProbeStage : char { Loading = 'L', Entry = 'E', Descriptors = 'D', Done = 'K' };
+enum class ProbeStage : char { Loading = 'L', Entry = 'E', Descriptors = 'D', Unloading = 'U', Done = 'K' };
 
 struct ProbeOutcome {
   bool finished = false;   // the child reached Done: the file is safe to load in this process

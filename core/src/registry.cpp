@@ -259,6 +259,10 @@ LoadOutcome load_library_in_process(const std::string& file, const Mark& mark) {
       why = why.substr(at + tag.size());
       if (const auto end = why.rfind("): "); end != std::string::npos) why = why.substr(0, end);
     }
+    // The loader quotes names from the file; a damaged one must not break the line or the
+    // terminal.
+    for (char& c : why)
+      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
     return refuse("not a loadable library: " + why);
   }
   if (!lib.has(HASTEN_PLUGIN_ENTRY_V1_SYMBOL)) {
@@ -329,7 +333,14 @@ std::string probe_file(const std::string& file, detail::ProbeCache* cache) {
   const double timeout_s = detail::probe_timeout_s();
   get_logger()->debug("probing plugin file {} in a child process", file);
   const detail::ProbeOutcome probe =
-      detail::probe_in_child(timeout_s, [&](const Mark& mark) { load_library_in_process(file, mark); });
+      detail::probe_in_child(timeout_s, [&](const Mark& mark) {
+        // The child also unloads what it loaded, so that destructors (fini_array) that would
+        // crash this process at exit crash the child instead.
+        const size_t before = library_keeper().size();
+        load_library_in_process(file, mark);
+        mark(detail::ProbeStage::Unloading);
+        while (library_keeper().size() > before) library_keeper().pop_back();
+      });
   if (cache != nullptr && !probe.timed_out) cache->remember(file, {probe.finished, probe.reason});
   return probe.finished ? "" : probe.reason;
 }
@@ -446,6 +457,7 @@ struct PluginRegistry::Impl {
   }
 
   void discover_locked() {
+    detail::probe_timeout_s();  // a bad HASTEN_PLUGIN_PROBE_TIMEOUT_S is an error before any file
     for (const auto& dir : search_path_locked()) {
       const std::string key = canonical_or_same(dir);
       if (!scanned_dirs.insert(key).second) continue;

@@ -53,24 +53,34 @@ with tempfile.TemporaryDirectory() as tmp:
         shutil.copy(os.path.join(unsafe_dir, f"libhasten-strategy-{name}.so"), os.path.dirname(where(name)))
 
     expected = {  # file stem -> what its line must say
-        "truncated": "truncated: ",
-        "corrupted": "corrupted ELF header: program headers start at byte",
+        "truncated": "not a loadable library: truncated: ",
+        "corrupted": "not a loadable library: corrupted ELF header: program headers start at byte",
         "crash_constructor": "aborted with signal 6 (SIGABRT) while being loaded",
         "crash_entry": "crashed with signal 11 (SIGSEGV) while running its entry function",
         "hanging_entry": "timed out after 1 s while running its entry function",
         "garbage_descriptor": "crashed with signal 11 (SIGSEGV) while its descriptors were read",
     }
 
+    # `hasten plugins` lists each bad file once (and fills the cache for the first-party plugins
+    # under the default time limit).
+    p = h.run(h.hasten("plugins"), env=env)
+    no_signal(p, "hasten plugins")
+    if p.returncode != 0:
+        h.fail(f"hasten plugins exited {p.returncode}:\n{p.stderr}")
+    for stem, says in expected.items():
+        lines = [l for l in p.stdout.splitlines() if f"libhasten-strategy-{stem}.so" in l]
+        if len(lines) != (0 if stem == "hanging_entry" else 1) or (lines and says not in lines[0]):
+            h.fail(f"hasten plugins: {stem}: expected one line saying '{says}', got {lines}")
+    print("ok: hasten plugins lists each bad file once")
+
     # A program that selects none of them runs, and warns once per file, in one line each.
-    p = h.run(h.example(*quick), env=env)  # fills the cache for the first-party plugins
-    no_signal(p, "a program with the bad files but the hanging one on its path")
     p = h.run(h.example(*quick), env=env_hang)
     no_signal(p, "a program with every bad file on its path")
     if p.returncode != 0:
         h.fail(f"a program that selects no bad plugin failed ({p.returncode}):\n{p.stderr}")
     for stem, says in expected.items():
         lines = [l for l in p.stderr.splitlines() if f"libhasten-strategy-{stem}.so" in l]
-        if len(lines) != 1 or "warning" not in lines[0] or "skipped: " + says not in lines[0]:
+        if len(lines) != 1 or "warning" not in lines[0] or "skipped: " not in lines[0] or says not in lines[0]:
             h.fail(f"{stem}: expected one warning line saying '{says}', got {lines}\nstderr:\n{p.stderr}")
         print(f"ok: not selected, one warning: {lines[0]}")
 
@@ -79,22 +89,24 @@ with tempfile.TemporaryDirectory() as tmp:
         e = env_hang if stem == "hanging_entry" else env
         p = h.run(h.example(*quick), env={**e, "HASTEN_STRATEGY": stem})
         h.check_clean_failure(p, f"selecting strategy {stem}", expect=f"libhasten-strategy-{stem}.so was refused: {says}")
-        p = h.run(h.example(*quick), env={**e, "HASTEN_STRATEGY": where(stem)})
-        h.check_clean_failure(p, f"selecting strategy {stem} by path", expect=says)
+    for stem in ("truncated", "crash_entry"):
+        p = h.run(h.example(*quick), env={**env, "HASTEN_STRATEGY": where(stem)})
+        h.check_clean_failure(p, f"selecting strategy {stem} by path", expect=expected[stem])
 
-    # `hasten plugins inspect FILE`: one line, exit 1, no signal. `hasten plugins` lists each once.
+    # `hasten plugins inspect FILE`: one line, exit 1, no signal; with several files, one line each.
+    p = h.run(h.hasten("plugins", "inspect", where("garbage_descriptor")), env=env)
+    h.check_clean_failure(p, "inspect garbage_descriptor", expect=expected["garbage_descriptor"])
+    p = h.run(h.hasten("plugins", "inspect", *[where(stem) for stem in expected]), env=env_hang)
+    no_signal(p, "inspect every bad file")
+    if p.returncode != 1 or p.stdout.strip():
+        h.fail(f"inspect of bad files: exit {p.returncode}, stdout {p.stdout!r}")
     for stem, says in expected.items():
-        p = h.run(h.hasten("plugins", "inspect", where(stem)), env=env_hang)
-        h.check_clean_failure(p, f"inspect {stem}", expect=says)
-    p = h.run(h.hasten("plugins"), env=env_hang)
-    no_signal(p, "hasten plugins")
-    if p.returncode != 0:
-        h.fail(f"hasten plugins exited {p.returncode}:\n{p.stderr}")
-    for stem, says in expected.items():
-        lines = [l for l in p.stdout.splitlines() if f"libhasten-strategy-{stem}.so" in l]
-        if len(lines) != 1 or says not in lines[0]:
-            h.fail(f"hasten plugins: {stem}: expected one line saying '{says}', got {lines}")
-    print("ok: hasten plugins lists each bad file once")
+        lines = [l for l in p.stderr.splitlines() if where(stem) in l]
+        if len(lines) != 1 or not lines[0].startswith("hasten: error: ") or says not in lines[0]:
+            h.fail(f"inspect {stem}: expected one error line saying '{says}', got {lines}")
+    if len(p.stderr.splitlines()) != len(expected):
+        h.fail(f"inspect of bad files printed more than one line each:\n{p.stderr}")
+    print("ok: inspect gives one line per bad file, exit 1")
 
     # The cache: the runs above remembered every verdict but the timeout's; another start
     # probes only the hanging file, and touching a file probes it again.
@@ -133,7 +145,7 @@ with tempfile.TemporaryDirectory() as tmp:
     blocked = os.path.join(tmp, "blocked")
     with open(blocked, "w") as f:
         f.write("a file where the cache directory would be\n")
-    p = h.run(h.example(*quick), env={**env, "XDG_CACHE_HOME": blocked, "HASTEN_PLUGIN_PROBE_TIMEOUT_S": "30"})
+    p = h.run(h.hasten("plugins"), env={**env, "XDG_CACHE_HOME": blocked, "HASTEN_PLUGIN_PROBE_TIMEOUT_S": "30"})
     if p.returncode != 0:
         h.fail(f"an unwritable cache made a run fail:\n{p.stderr}")
     print("ok: an unwritable cache is not an error")
