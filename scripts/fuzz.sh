@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The longer fuzz run (`make fuzz`, not part of `make test`): the config and safetensors fuzz
+# The longer fuzz run (`make fuzz`, not part of `make test`): the config, safetensors and plugin file fuzz
 # tests of the unit suites, from SEED, each for SECONDS. A failure prints the case and its
 # input; rerun with the same seed to reproduce it.
 #   scripts/fuzz.sh BUILD_DIR [SEED] [SECONDS]
@@ -14,3 +14,5 @@ export HASTEN_HOME=$(mktemp -d)
 trap 'rm -rf "$HASTEN_HOME"' EXIT
 "$build/bin/hasten_core_tests" --gtest_filter='ConfigFuzz.*'
 "$build/bin/hasten_torch_tests" --gtest_filter='SafetensorsFuzz.*'
+HASTEN_TEST_BIN_DIR="$build/bin" HASTEN_TEST_PEER_DIR="$(dirname "$0")/../tests/integration/peers" \
+  /usr/bin/python3 "$(dirname "$0")/../tests/integration/test_plugin_fuzz.py"

@@ -1,4 +1,4 @@
-// `hasten plugins`, `hasten plugins inspect FILE` and `hasten plugins describe NAME`.
+// `hasten plugins`, `hasten plugins inspect FILE...` and `hasten plugins describe NAME`.
 #include <hasten/error.hpp>
 #include <hasten/registry.hpp>
 
@@ -153,18 +153,23 @@ void add_plugins_command(CLI::App& app, Action& action) {
       return 0;
     };
   });
-  auto* inspect = cmd->add_subcommand("inspect", "Load one plugin library and say whether it is valid, and why not");
-  auto file = std::make_shared<std::string>();
-  inspect->add_option("FILE", *file, "Plugin library (.so)")->required();
-  inspect->callback([&action, file] {
-    action = [file]() -> int {
-      const InspectResult result = PluginRegistry::instance().inspect(*file);
-      if (!result.plugins.empty()) print_table(result.plugins);
-      for (auto& r : result.refusals)
-        std::cerr << "hasten: error: " << *file << (r.plugin.empty() ? "" : " [" + r.plugin + "]")
-                  << " is not a valid hasten plugin: " << r.reason << std::endl;
-      if (result.valid) std::cout << *file << ": valid hasten plugin library (ABI 1)\n";
-      return result.valid ? 0 : 1;
+  auto* inspect = cmd->add_subcommand(
+      "inspect", "Probe plugin libraries (in a child process first) and say whether each is valid, and why not");
+  auto files = std::make_shared<std::vector<std::string>>();
+  inspect->add_option("FILE", *files, "Plugin libraries (.so); each gets its verdict")->required();
+  inspect->callback([&action, files] {
+    action = [files]() -> int {
+      int invalid = 0;
+      for (const auto& file : *files) {
+        const InspectResult result = PluginRegistry::instance().inspect(file);
+        if (!result.plugins.empty()) print_table(result.plugins);
+        for (auto& r : result.refusals)
+          std::cerr << "hasten: error: " << file << (r.plugin.empty() ? "" : " [" + r.plugin + "]")
+                    << " is not a valid hasten plugin: " << r.reason << std::endl;
+        if (result.valid) std::cout << file << ": valid hasten plugin library (ABI 1)" << std::endl;
+        if (!result.valid) ++invalid;
+      }
+      return invalid == 0 ? 0 : 1;
     };
   });
 }

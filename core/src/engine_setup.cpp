@@ -69,6 +69,8 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
   s.precision->check_device(s.dl_device);
   s.precision_autocast = s.precision->has_autocast();
   s.unit_events = s.strategy->has_unit_events();
+  // Every plugin this run names is selected: what the probe refused is now only a warning.
+  registry.report_skipped_files();
   get_logger()->debug("accelerator: strategy {}, precision {}, device {}, rank {}/{}",
                       s.strategy->name(), s.precision->name(), s.device.str(), s.process.rank,
                       s.process.world_size);

@@ -13,14 +13,18 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
 
+#include "elf_check.hpp"
 #include "host_api.hpp"
 #include "loaded_plugin.hpp"
 #include "plugin_description.hpp"
+#include "plugin_probe.hpp"
+#include "probe_cache.hpp"
 #include "text_util.hpp"
 
 namespace fs = std::filesystem;
@@ -117,7 +121,10 @@ std::deque<boost::dll::shared_library>& library_keeper() {
 struct LoadOutcome {
   std::vector<std::unique_ptr<LoadedPlugin>> plugins;
   std::vector<PluginRefusal> refusals;
+  bool unsafe = false;  // refused by the probe: loading it here would have crashed or hung
 };
+
+using Mark = std::function<void(detail::ProbeStage)>;
 
 // Validates one descriptor; on success returns the plugin, else adds a refusal.
 std::unique_ptr<LoadedPlugin> validate_descriptor(const hasten_plugin_descriptor* raw,
@@ -232,17 +239,15 @@ std::unique_ptr<LoadedPlugin> validate_descriptor(const hasten_plugin_descriptor
   return plugin;
 }
 
-// Loads a library and validates everything it declares. Never throws.
-LoadOutcome load_library(const std::string& file) {
+// Loads a library and validates everything it declares, calling mark() before each step (the
+// probe child reports them). Never throws. Only for files the probe found safe.
+LoadOutcome load_library_in_process(const std::string& file, const Mark& mark) {
   LoadOutcome out;
   auto refuse = [&](const std::string& reason) {
     out.refusals.push_back({file, "", reason});
     return std::move(out);
   };
-  std::error_code ec;
-  if (!fs::exists(file, ec)) return refuse("no such file");
-  if (!fs::is_regular_file(file, ec)) return refuse("not a regular file");
-
+  mark(detail::ProbeStage::Loading);
   boost::dll::shared_library lib;
   try {
     lib.load(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
@@ -254,6 +259,10 @@ LoadOutcome load_library(const std::string& file) {
       why = why.substr(at + tag.size());
       if (const auto end = why.rfind("): "); end != std::string::npos) why = why.substr(0, end);
     }
+    // The loader quotes names from the file; a damaged one must not break the line or the
+    // terminal.
+    for (char& c : why)
+      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
     return refuse("not a loadable library: " + why);
   }
   if (!lib.has(HASTEN_PLUGIN_ENTRY_V1_SYMBOL)) {
@@ -277,6 +286,7 @@ LoadOutcome load_library(const std::string& file) {
   uint32_t count = 0;
   detail::clear_plugin_error();
   hasten_status status = HASTEN_ERR_INTERNAL;
+  mark(detail::ProbeStage::Entry);
   try {
     status = entry(detail::registry_host(), HASTEN_ABI_VERSION, &list, &count);
   } catch (const std::exception& e) {
@@ -290,6 +300,7 @@ LoadOutcome load_library(const std::string& file) {
   if (count == 0) return refuse("entry point declared no plugins");
   if (list == nullptr) return refuse("entry point returned a NULL descriptor list");
   if (count > 1024) return refuse("entry point declared " + std::to_string(count) + " plugins");
+  mark(detail::ProbeStage::Descriptors);
 
   std::set<std::pair<PluginKind, std::string>> seen;
   for (uint32_t i = 0; i < count; ++i) {
@@ -304,6 +315,44 @@ LoadOutcome load_library(const std::string& file) {
     out.plugins.push_back(std::move(plugin));
   }
   return out;
+}
+
+// Whether `file` can be loaded in this process without taking it down: its ELF headers are
+// checked here, then (unless `cache` remembers this very file) a child process loads it, runs
+// its entry function and reads its descriptors within the probe time limit. Returns why not,
+// or "".
+std::string probe_file(const std::string& file, detail::ProbeCache* cache) {
+  if (std::string why = detail::elf_problem(file); !why.empty()) return "not a loadable library: " + why;
+  if (cache != nullptr) {
+    if (auto verdict = cache->find(file)) {
+      get_logger()->debug("plugin file {}: probe result from the cache ({})", file,
+                          verdict->safe ? "loads" : verdict->reason);
+      return verdict->safe ? "" : verdict->reason;
+    }
+  }
+  const double timeout_s = detail::probe_timeout_s();
+  get_logger()->debug("probing plugin file {} in a child process", file);
+  const detail::ProbeOutcome probe =
+      detail::probe_in_child(timeout_s, [&](const Mark& mark) {
+        // The child also unloads what it loaded, so that destructors (fini_array) that would
+        // crash this process at exit crash the child instead.
+        const size_t before = library_keeper().size();
+        load_library_in_process(file, mark);
+        mark(detail::ProbeStage::Unloading);
+        while (library_keeper().size() > before) library_keeper().pop_back();
+      });
+  if (cache != nullptr && !probe.timed_out) cache->remember(file, {probe.finished, probe.reason});
+  return probe.finished ? "" : probe.reason;
+}
+
+// Probes a library, then loads it here if that is safe. Never throws but for a bad
+// HASTEN_PLUGIN_PROBE_TIMEOUT_S.
+LoadOutcome load_library(const std::string& file, detail::ProbeCache* cache) {
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return {{}, {{file, "", "no such file"}}, false};
+  if (!fs::is_regular_file(file, ec)) return {{}, {{file, "", "not a regular file"}}, false};
+  if (const std::string why = probe_file(file, cache); !why.empty()) return {{}, {{file, "", why}}, true};
+  return load_library_in_process(file, [](detail::ProbeStage) {});
 }
 
 std::string canonical_or_same(const std::string& path) {
@@ -335,6 +384,13 @@ struct PluginRegistry::Impl {
   std::deque<std::unique_ptr<LoadedPlugin>> path_plugins;  // selected by path
   std::map<std::string, std::vector<PluginRefusal>> path_refusals;
   std::vector<PluginRefusal> refusals;
+  std::vector<PluginRefusal> unreported;  // files the probe refused, not yet warned about
+  std::unique_ptr<detail::ProbeCache> cache;
+
+  detail::ProbeCache* cache_locked() {
+    if (!cache) cache = std::make_unique<detail::ProbeCache>();
+    return cache.get();
+  }
 
   std::vector<std::string> search_path_locked() const {
     std::vector<std::string> dirs;
@@ -354,6 +410,8 @@ struct PluginRegistry::Impl {
 
   void register_outcome(LoadOutcome outcome) {
     for (auto& r : outcome.refusals) refusals.push_back(r);
+    if (outcome.unsafe)
+      for (auto& r : outcome.refusals) unreported.push_back(r);
     for (auto& p : outcome.plugins) {
       const LoadedPlugin* clash = find_locked(p->info.kind, p->info.name, true);
       if (clash != nullptr) {
@@ -399,6 +457,7 @@ struct PluginRegistry::Impl {
   }
 
   void discover_locked() {
+    detail::probe_timeout_s();  // a bad HASTEN_PLUGIN_PROBE_TIMEOUT_S is an error before any file
     for (const auto& dir : search_path_locked()) {
       const std::string key = canonical_or_same(dir);
       if (!scanned_dirs.insert(key).second) continue;
@@ -415,9 +474,10 @@ struct PluginRegistry::Impl {
       for (auto& f : files) {
         const std::string canon = canonical_or_same(f);
         if (!loaded_files.insert(canon).second) continue;
-        register_outcome(load_library(canon));
+        register_outcome(load_library(canon, cache_locked()));
       }
     }
+    if (cache) cache->save();
   }
 };
 
@@ -479,7 +539,8 @@ PluginSelection PluginRegistry::select(PluginKind kind, const std::string& name_
     };
     collect();
     if (matches.empty() && impl_->path_refusals.count(file) == 0) {
-      LoadOutcome outcome = load_library(file);
+      LoadOutcome outcome = load_library(file, impl_->cache_locked());
+      impl_->cache->save();
       impl_->path_refusals[file] = outcome.refusals;
       for (auto& p : outcome.plugins) impl_->path_plugins.push_back(std::move(p));
       collect();
@@ -540,10 +601,17 @@ std::string PluginRegistry::nearest_name(const std::string& name) {
   return detail::nearest(name, names);
 }
 
+void PluginRegistry::report_skipped_files() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  for (auto& r : impl_->unreported) get_logger()->warn("plugin file {} skipped: {}", r.file, r.reason);
+  impl_->unreported.clear();
+}
+
 InspectResult PluginRegistry::inspect(const std::string& path) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   InspectResult result;
-  LoadOutcome outcome = load_library(canonical_or_same(path));
+  // Always probed afresh: inspect is how one finds out what is wrong with a file now.
+  LoadOutcome outcome = load_library(canonical_or_same(path), nullptr);
   for (auto& p : outcome.plugins) result.plugins.push_back(p->info);
   result.refusals = std::move(outcome.refusals);
   result.valid = !result.plugins.empty() && result.refusals.empty();

@@ -5,6 +5,12 @@
 // build tree, <prefix>/lib/hasten/plugins when installed), then each directory of
 // HASTEN_PLUGIN_PATH (':'-separated), then the config's plugin_path. Only files named
 // libhasten-*.so are considered. Libraries stay loaded until the process ends.
+//
+// Before a file is loaded in this process its ELF headers are checked and a child process
+// loads it, runs its entry function and reads its descriptors within a time limit
+// (HASTEN_PLUGIN_PROBE_TIMEOUT_S, default 10 s); a file that crashes, aborts or hangs there is
+// refused (plugin_probe.cpp). Verdicts are remembered by path, size and mtime
+// (probe_cache.hpp), so later starts do not probe again.
 #pragma once
 
 #include <memory>
@@ -120,6 +126,11 @@ class PluginRegistry {
   // The discovered plugin or preset name of any kind closest to `name` (a plausible typo),
   // or "".
   std::string nearest_name(const std::string& name);
+
+  // Warns once, one line each, about discovered files the probe refused (they would have
+  // crashed or hung this process) and that no selection has named. The engine calls it once its
+  // plugins are selected, so a file that a selection names is one error, not a warning too.
+  void report_skipped_files();
 
   // Loads one file on its own, without registering it, and reports what it holds.
   InspectResult inspect(const std::string& path);
