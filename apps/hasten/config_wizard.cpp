@@ -106,10 +106,13 @@ std::string ask_text(const std::string& question, const std::string& def) {
 
 // A YAML scalar for a described option's answer, as its type wants it.
 std::optional<nlohmann::json> option_value(const PluginOption& o, const std::string& a, std::string& why) {
+  auto num = [&](double d) {
+    return o.type == "int" ? std::to_string(static_cast<long long>(d)) : nlohmann::json(d).dump();
+  };
   auto range = [&]() {
     std::string r;
-    if (o.min && o.max) r = " from " + nlohmann::json(*o.min).dump() + " to " + nlohmann::json(*o.max).dump();
-    else if (o.min) r = " >= " + nlohmann::json(*o.min).dump();
+    if (o.min && o.max) r = " from " + num(*o.min) + " to " + num(*o.max);
+    else if (o.min) r = " >= " + num(*o.min);
     return r;
   };
   if (o.type == "bool") {

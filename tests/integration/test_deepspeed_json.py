@@ -138,7 +138,8 @@ def main():
         for what, content, expect in cases:
             check_clean_failure(run(hasten("launch", "--dry_run", "--config_file", write(tmp, "bad.json", content),
                                            "prog"), env=env), what, expect)
-        clash = write(tmp, "clash.yaml", f"mixed_precision: fp16\ndeepspeed_config:\n  deepspeed_config_file: {ds_file}\n")
+        bf16_file = write(tmp, "bf16.json", {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}})
+        clash = write(tmp, "clash.yaml", f"mixed_precision: fp16\ndeepspeed_config:\n  deepspeed_config_file: {bf16_file}\n")
         check_clean_failure(run(hasten("launch", "--dry_run", "--config_file", clash, "prog"), env=env),
                             "mixed_precision fp16 in the YAML, bf16 in its DeepSpeed JSON", "mixed_precision")
         not_ds = write(tmp, "plain.json", {"hello": 1})
