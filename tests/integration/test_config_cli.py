@@ -217,7 +217,7 @@ def show_names_origins(tmp):
         "mixed_precision": ("bf16", "file " + path),
         "num_processes": ("3", "env HASTEN_NUM_PROCESSES"),
         "gradient_accumulation_steps": ("8", "flag"),
-        "main_process_port": ("29500", "default"),
+        "split_batches": ("false", "default"),
         "precision": ("bf16", "derived from mixed_precision"),
     }
     for key, value in want.items():
