@@ -154,7 +154,7 @@ std::string default_text(const PluginOption& o) {
   return v.is_string() ? v.get<std::string>() : v.dump();
 }
 
-std::string yaml_scalar(const nlohmann::json& v) {
+std::string yaml_scalar(const nlohmann::ordered_json& v) {
   if (v.is_string()) return "'" + v.get<std::string>() + "'";  // names only: no quotes inside
   return v.dump();
 }
@@ -257,32 +257,48 @@ int wizard(const std::string& file_flag) {
         });
 
     // Accelerate's keys (its launcher reads the file too), then hasten's trackers.
-    std::ostringstream yaml;
-    yaml << "# Written by hasten config; docs/config.md lists every key.\n"
-         << "compute_environment: LOCAL_MACHINE\n"
-         << "distributed_type: " << type << "\n"
-         << "mixed_precision: '" << precision << "'\n"
-         << "num_machines: " << machines << "\n"
-         << "num_processes: " << processes << "\n"
-         << "machine_rank: " << machine_rank << "\n";
-    if (machines > 1) yaml << "main_process_ip: " << ip << "\n";
-    yaml << "main_process_port: " << port << "\n"
-         << "rdzv_backend: static\n"
-         << "same_network: true\n"
-         << "use_cpu: true\n"
-         << "debug: false\n";
-    if (!section.empty()) {
-      yaml << strategy.config_section << ":\n";
-      for (auto& [k, v] : section) yaml << "  " << k << ": " << yaml_scalar(v) << "\n";
+    nlohmann::ordered_json doc;
+    doc["compute_environment"] = "LOCAL_MACHINE";
+    doc["distributed_type"] = type;
+    doc["mixed_precision"] = precision;
+    doc["num_machines"] = machines;
+    doc["num_processes"] = processes;
+    doc["machine_rank"] = machine_rank;
+    if (machines > 1) doc["main_process_ip"] = ip;
+    doc["main_process_port"] = port;
+    doc["rdzv_backend"] = "static";
+    doc["same_network"] = true;
+    doc["use_cpu"] = true;
+    doc["debug"] = false;
+    if (!section.empty())
+      for (auto& [k, v] : section) doc[strategy.config_section][k] = v;
+    if (!trackers.empty()) doc["trackers"] = trackers;
+    // As Accelerate: JSON for a path ending in .json, else YAML.
+    const bool as_json = std::filesystem::path(path).extension() == ".json";
+    std::string text;
+    if (as_json) {
+      text = doc.dump(2) + "\n";
+    } else {
+      text = "# Written by hasten config; docs/config.md lists every key.\n";
+      for (auto it = doc.begin(); it != doc.end(); ++it) {
+        if (it.value().is_object()) {
+          text += it.key() + ":\n";
+          for (auto kv = it.value().begin(); kv != it.value().end(); ++kv)
+            text += "  " + kv.key() + ": " + yaml_scalar(kv.value()) + "\n";
+        } else if (it.value().is_array()) {
+          text += it.key() + ": [" + join(it.value().get<std::vector<std::string>>(), ", ") + "]\n";
+        } else {
+          text += it.key() + ": " + yaml_scalar(it.value()) + "\n";
+        }
+      }
     }
-    if (!trackers.empty()) yaml << "trackers: [" << join(trackers, ", ") << "]\n";
 
     const auto parent = std::filesystem::path(path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
     if (ec) return report_error("cannot create directory '" + parent.string() + "': " + ec.message());
     {
       std::ofstream out(path);
-      out << yaml.str();
+      out << text;
       out.close();
       if (!out) return report_error("cannot write config file '" + path + "'");
     }

@@ -149,7 +149,7 @@ def wizard_writes_deepspeed_file(tmp):
 
 
 def wizard_multi_machine_fsdp(tmp):
-    path = os.path.join(tmp, "sub", "fsdp.yaml")
+    path = os.path.join(tmp, "sub", "fsdp.json")  # .json: written as JSON, as Accelerate does
     t = Terminal(["config", "--config_file", path], {})
     t.answer("1", "compute environment")  # multiple machines
     t.answer("1", "How many machines")
@@ -175,7 +175,7 @@ def wizard_multi_machine_fsdp(tmp):
     if rc != 0:
         fail(f"hasten config exited {rc}\nout:\n{out}\nerr:\n{err}")
     with open(path) as f:
-        written = yaml.safe_load(f)
+        written = json.load(f)
     want = {"distributed_type": "FSDP", "num_machines": 3, "machine_rank": 2, "main_process_ip": "10.1.2.3",
             "main_process_port": 29500, "num_processes": 6, "mixed_precision": "fp16", "trackers": ["csv", "jsonl"],
             "fsdp_config": {"fsdp_sharding_strategy": "SHARD_GRAD_OP", "fsdp_offload_params": True,
@@ -185,7 +185,10 @@ def wizard_multi_machine_fsdp(tmp):
         fail(f"the questionnaire wrote\n{written}\nexpected at least\n{want}")
     if set(written["fsdp_config"]) - FSDP_KEYS:
         fail(f"fsdp_config keys Accelerate does not know: {set(written['fsdp_config']) - FSDP_KEYS}")
-    print("ok: three machines, FSDP SHARD_GRAD_OP with offload, fp16, csv+jsonl, after re-asking five bad answers")
+    print("ok: three machines, FSDP SHARD_GRAD_OP with offload, fp16, csv+jsonl, as JSON, after re-asking five bad answers")
+    p = run(hasten("config", "show", "--config_file", path), check=True)
+    if f"fsdp_config.fsdp_sharding_strategy\tSHARD_GRAD_OP\tfile {path}" not in p.stdout:
+        fail(f"hasten does not read the JSON file the questionnaire wrote:\n{p.stdout}")
 
 
 def wizard_eof_aborts(tmp):
