@@ -14,6 +14,9 @@ using Action = std::function<int()>;
 void add_env_command(CLI::App& app, Action& action);
 void add_plugins_command(CLI::App& app, Action& action);
 void add_config_command(CLI::App& app, Action& action);
+// Parts of `hasten config`, registered on its subcommand by add_config_command.
+void add_config_wizard(CLI::App& config_cmd, Action& action);
+void add_config_show_command(CLI::App& config_cmd, Action& action);
 void add_launch_command(CLI::App& app, Action& action);
 void add_weights_command(CLI::App& app, Action& action);
 

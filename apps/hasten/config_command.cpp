@@ -1,5 +1,6 @@
-// `hasten config default`: writes a default config file (never over an existing one), and
-// `hasten config keys`: every key with its type, default, allowed values and env variable.
+// `hasten config`: the questionnaire (config_wizard.cpp); `hasten config default`: writes a
+// default config file (never over an existing one); `hasten config keys`: every key with its
+// type, default, allowed values and env variable; `hasten config show` (config_show.cpp).
 #include <hasten/config.hpp>
 #include <hasten/error.hpp>
 #include <hasten/process.hpp>
@@ -13,8 +14,10 @@
 namespace hasten::cli {
 
 void add_config_command(CLI::App& app, Action& action) {
-  auto* cmd = app.add_subcommand("config", "Write or describe config files");
-  cmd->require_subcommand(1);
+  auto* cmd = app.add_subcommand("config", "Write or describe config files (alone: the questionnaire)");
+  cmd->require_subcommand(0, 1);
+  add_config_wizard(*cmd, action);
+  add_config_show_command(*cmd, action);
   auto* def = cmd->add_subcommand("default", "Write a default config file (refuses to overwrite)");
   auto file = std::make_shared<std::string>();
   auto precision = std::make_shared<std::string>("no");

@@ -204,6 +204,11 @@ void add_launch_command(CLI::App& app, Action& action) {
       {"--strategy", "strategy", "Strategy plugin name, preset or path"},
       {"--precision", "precision", "Precision plugin name or path"},
       {"--log_dir,--log-dir", "log_dir", "Write each rank's output to LOG_DIR/rank_<r>.log"},
+      // Accelerate's section flags: they set the strategy's section key, which takes effect
+      // when that strategy runs (--use_deepspeed, --use_fsdp or the config select it).
+      {"--zero_stage,--zero-stage", "deepspeed_config.zero_stage", "ZeRO stage 0-3 (with --use_deepspeed)"},
+      {"--fsdp_sharding_strategy,--fsdp-sharding-strategy", "fsdp_config.fsdp_sharding_strategy",
+       "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, ... (with --use_fsdp)"},
   };
   for (const auto& f : key_flags) {
     auto* opt = cmd->add_option_function<std::string>(
@@ -225,6 +230,30 @@ void add_launch_command(CLI::App& app, Action& action) {
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false)  // one value per --set: what follows may be the program
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  // Accelerate's paradigm flags: each sets distributed_type, so the strategy that answers to
+  // it runs (an explicit --strategy still wins, as in the config). They exclude each other, as
+  // in Accelerate; --cpu sets use_cpu and excludes --multi_gpu.
+  struct ParadigmFlag {
+    const char* names;
+    const char* distributed_type;
+    const char* help;
+  };
+  static const ParadigmFlag paradigm_flags[] = {
+      {"--multi_gpu,--multi-gpu", "MULTI_GPU", "Data parallel across processes (distributed_type MULTI_GPU)"},
+      {"--use_deepspeed,--use-deepspeed", "DEEPSPEED", "ZeRO (distributed_type DEEPSPEED)"},
+      {"--use_fsdp,--use-fsdp", "FSDP", "Fully sharded data parallel (distributed_type FSDP)"},
+  };
+  std::vector<CLI::Option*> paradigms;
+  for (const auto& f : paradigm_flags)
+    paradigms.push_back(cmd->add_flag_function(
+        f.names, [flags, type = std::string(f.distributed_type)](int64_t) { flags->set.emplace_back("distributed_type", type); },
+        f.help));
+  for (auto* a : paradigms)
+    for (auto* b : paradigms)
+      if (a != b) a->excludes(b);
+  cmd->add_flag_function("--cpu", [flags](int64_t) { flags->set.emplace_back("use_cpu", "true"); },
+                         "Train on the CPU (use_cpu: true)")
+      ->excludes(paradigms[0]);
   cmd->add_flag_function("--tee", [flags](int64_t) { flags->set.emplace_back("tee", "true"); },
                          "Also write per-rank logs (to --log_dir, default hasten_logs/launch)");
   cmd->add_flag_function("--debug", [flags](int64_t) { flags->set.emplace_back("debug", "true"); },

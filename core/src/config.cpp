@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "config_file_readers.hpp"
 #include "config_schema.hpp"
 #include "config_sources.hpp"
 #include "described_options.hpp"
@@ -85,10 +86,50 @@ FullSchema full_schema(const std::vector<Layer>& layers) {
   return full;
 }
 
+// The config file: a strategy's own format (a DeepSpeed JSON) when a strategy's reader
+// recognizes it, else hasten's YAML.
+Layer config_file_layer(const std::string& path) {
+  if (auto native = read_native_config(path))
+    return tree_layer(native->values, "file " + path,
+                      native->format + " file '" + path + "' (read by strategy " + native->strategy + ")",
+                      native->format + " file " + path);
+  return file_layer(path);
+}
+
+// A key such as deepspeed_config.deepspeed_config_file names a file in the format of the
+// section's strategy: its reader translates it and the keys join the layer that named it,
+// just below it; a key both set to different values is an error. The key goes no further.
+void route_section_files(std::vector<Layer>& layers, const FullSchema& full) {
+  for (const auto& [strategy, section] : full.vocabulary.section_of) {
+    const std::string file_key = reader_section_key(strategy);
+    if (file_key.empty()) continue;
+    const std::string key = section + "." + file_key;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (!layers[i].values.contains(key)) continue;
+      const std::string file = layers[i].values.at(key).get<std::string>();
+      const std::string named_by = layers[i].origin[key];
+      layers[i].values.erase(key);
+      layers[i].origin.erase(key);
+      const NativeConfig native = read_strategy_config_file(strategy, file, key + " (" + named_by + ")");
+      Layer extra = tree_layer(native.values, native.format + " " + file, native.format + " file '" + file + "'",
+                               native.format + " file " + file + " (named by " + named_by + ")");
+      resolve_pending(extra, full.keys);
+      for (auto it = extra.values.begin(); it != extra.values.end(); ++it)
+        if (layers[i].values.contains(it.key()) && layers[i].values.at(it.key()) != it.value())
+          throw ConfigError("config error: " + it.key() + " is " + show(layers[i].values.at(it.key())) + " (" +
+                            layers[i].origin[it.key()] + ") but " + show(it.value()) + " in " + native.format +
+                            " file '" + file + "'; set it in one place");
+      layers.insert(layers.begin() + static_cast<std::ptrdiff_t>(i), std::move(extra));
+      ++i;
+    }
+  }
+}
+
 Config finish(std::vector<Layer> layers, const std::string& config_file, const Environment& env) {
   const FullSchema full = full_schema(layers);
   const Schema& schema = full.keys;
   for (auto& layer : layers) resolve_pending(layer, schema);
+  route_section_files(layers, full);
 
   // Merge: later layers win; Map values merge key by key.
   json merged = json::object();
@@ -325,7 +366,7 @@ Config resolve_config(const Options& code, const Environment& env) {
   }
   // The launcher's HASTEN_CONFIG_JSON already holds the file it read: reading a file again
   // would let a default file's keys leak into a run launched with another one.
-  if (!file.empty() && (!from_launcher || code.config_file)) layers.push_back(file_layer(file));
+  if (!file.empty() && (!from_launcher || code.config_file)) layers.push_back(config_file_layer(file));
   layers.push_back(env_layer(env));
   layers.push_back(code_layer(code));
   return finish(std::move(layers), file, env);
@@ -333,7 +374,7 @@ Config resolve_config(const Options& code, const Environment& env) {
 
 Config load_config_file(const std::string& path) {
   std::vector<Layer> layers;
-  layers.push_back(file_layer(path));
+  layers.push_back(config_file_layer(path));
   return finish(std::move(layers), path, {});
 }
 

@@ -159,6 +159,13 @@ Layer file_layer(const std::string& path) {
   return layer;
 }
 
+Layer tree_layer(const json& tree, const std::string& label, const std::string& where, const std::string& origin) {
+  Layer layer;
+  layer.label = label;
+  absorb(layer, core_schema(), true, "", tree, where, origin);
+  return layer;
+}
+
 Layer env_layer(const Environment& env) {
   Layer layer;
   layer.label = "environment";

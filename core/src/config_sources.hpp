@@ -34,6 +34,10 @@ struct Layer {
 };
 
 Layer file_layer(const std::string& path);
+// A tree of config keys that a source other than a YAML file produced (a strategy's reader of
+// its own file format), validated like a file's.
+Layer tree_layer(const nlohmann::json& tree, const std::string& label, const std::string& where,
+                 const std::string& origin);
 Layer env_layer(const Environment& env);
 Layer code_layer(const Options& o);
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <hasten/plugin.h>
+#include <hasten/plugin_config_file.h>
 #include <hasten/registry.hpp>
 
 namespace hasten::detail {
@@ -15,6 +16,9 @@ struct LoadedPlugin {
     hasten_tracker_vtable tracker;
     hasten_comm_vtable comm;
   } vt{};
+  // Strategies: the reader of the strategy's own config file format (plugin_config_file.h),
+  // zero-filled when the library declares none (read == NULL).
+  hasten_config_file_reader config_file_reader{};
 };
 
 }  // namespace hasten::detail

@@ -239,6 +239,58 @@ std::unique_ptr<LoadedPlugin> validate_descriptor(const hasten_plugin_descriptor
   return plugin;
 }
 
+// The optional readers of strategies' own config file formats (plugin_config_file.h): each is
+// checked and attached to the strategy it names; a bad one is refused on its own (the
+// strategy stays usable with its YAML section).
+void attach_config_file_readers(boost::dll::shared_library& lib, const std::string& file, LoadOutcome& out) {
+  if (!lib.has(HASTEN_CONFIG_FILE_READERS_V1_SYMBOL)) return;
+  auto readers = lib.get<std::remove_pointer_t<hasten_config_file_readers_v1_fn>>(HASTEN_CONFIG_FILE_READERS_V1_SYMBOL);
+  const hasten_config_file_reader* const* list = nullptr;
+  uint32_t count = 0;
+  detail::clear_plugin_error();
+  hasten_status status = HASTEN_ERR_INTERNAL;
+  try {
+    status = readers(detail::registry_host(), HASTEN_ABI_VERSION, &list, &count);
+  } catch (...) {
+    out.refusals.push_back({file, "", "config file readers: the call threw an exception"});
+    return;
+  }
+  if (status != HASTEN_OK || (count > 0 && list == nullptr) || count > 64) {
+    out.refusals.push_back({file, "", std::string("config file readers: ") +
+                                          (status != HASTEN_OK ? detail::status_name(status) + std::string(": ") +
+                                                                     detail::take_plugin_error()
+                                                               : "a bad list")});
+    return;
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    const hasten_config_file_reader* r = list[i];
+    hasten_config_file_reader copy{};
+    std::string why;
+    if (r == nullptr || r->struct_size < offsetof(hasten_config_file_reader, read) + sizeof(void*)) {
+      why = "NULL or too short";
+    } else {
+      std::memcpy(&copy, r, std::min<size_t>(r->struct_size, sizeof(copy)));
+      if (copy.read == nullptr || copy.strategy == nullptr || copy.format == nullptr || copy.format[0] == '\0')
+        why = "has no read slot, strategy or format";
+    }
+    LoadedPlugin* owner = nullptr;
+    if (why.empty()) {
+      for (auto& p : out.plugins)
+        if (p->info.kind == PluginKind::Strategy && p->info.name == copy.strategy) owner = p.get();
+      if (owner == nullptr) why = std::string("names '") + copy.strategy + "', not a strategy of this library";
+      else if (owner->config_file_reader.read != nullptr) why = std::string("a second reader for '") + copy.strategy + "'";
+      else if (copy.section_key != nullptr && owner->info.config_section.empty())
+        why = "has a section_key but the strategy owns no config section";
+    }
+    if (!why.empty()) {
+      out.refusals.push_back({file, "", "config file reader " + std::to_string(i) + ": " + why});
+      continue;
+    }
+    owner->config_file_reader = copy;
+  }
+}
+
+
 // Loads a library and validates everything it declares, calling mark() before each step (the
 // probe child reports them). Never throws. Only for files the probe found safe.
 LoadOutcome load_library_in_process(const std::string& file, const Mark& mark) {
@@ -314,6 +366,7 @@ LoadOutcome load_library_in_process(const std::string& file, const Mark& mark) {
     }
     out.plugins.push_back(std::move(plugin));
   }
+  attach_config_file_readers(lib, file, out);
   return out;
 }
 

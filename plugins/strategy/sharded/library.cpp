@@ -1,5 +1,6 @@
 // Entry point of libhasten-strategy-sharded.so: strategies "zero" (DeepSpeed's vocabulary,
-// presets zero1, zero2, zero3, zero2_offload, zero3_offload) and "fsdp" (FSDP's).
+// presets zero1, zero2, zero3, zero2_offload, zero3_offload) and "fsdp" (FSDP's). The reader
+// of DeepSpeed's JSON files is in deepspeed_json.cpp.
 #include "sharded_strategy.hpp"
 
 namespace {
@@ -75,8 +76,11 @@ constexpr hasten_option_spec kZeroOptions[] = {
         .allowed("none,cpu,nvme").default_json("\"none\"").section_key("offload_param_device"),
     OptionSpec("gradient_clipping", HASTEN_OPTION_FLOAT, "Global gradient-norm clip (0: none)").min(0)
         .default_json("0").section_key("gradient_clipping"),
-    OptionSpec("deepspeed_config_file", HASTEN_OPTION_STRING, "A DeepSpeed JSON file (refused: not read yet)")
-        .section_key("deepspeed_config_file"),
+    // The host hands the file to this library's reader (deepspeed_json.cpp), whose keys join
+    // the config; the strategy itself never sees the path.
+    section_only_key("deepspeed_config_file", HASTEN_OPTION_STRING,
+                     "A DeepSpeed JSON file: its zero_optimization, gradient_clipping, bf16/fp16 and "
+                     "gradient_accumulation_steps join the config"),
     OptionSpec("zero3_init_flag", HASTEN_OPTION_BOOL, "Accepted; hasten builds the full model and shards it at prepare")
         .section_key("zero3_init_flag"),
     OptionSpec("zero3_save_16bit_model", HASTEN_OPTION_BOOL, "Accepted; hasten always gathers full weights on save")

@@ -43,10 +43,6 @@ Options parse_zero_options(const hasten_host_api* host, std::string_view json) {
   o.offload_optimizer = offload_to_cpu("offload_optimizer_device", in.text("offload_optimizer_device"));
   o.offload_params = offload_to_cpu("offload_param_device", in.text("offload_param_device"));
   if (auto clip = in.number("gradient_clipping")) o.gradient_clipping = *clip;
-  if (in.text("deepspeed_config_file"))
-    throw Error(HASTEN_ERR_UNSUPPORTED,
-                "deepspeed_config.deepspeed_config_file: DeepSpeed JSON files are not read; set zero_stage, "
-                "offload_optimizer_device, offload_param_device and gradient_clipping in deepspeed_config");
   // zero3_init_flag, zero3_save_16bit_model: accepted (hasten builds full models first and
   // always saves full weights); their type was checked by the host.
   if (o.offload_params && o.stage != 3)
