@@ -687,11 +687,11 @@ std::string Engine::load_state(const std::string& requested) try {
   if (rank == 0) {
     json list = json::array();
     if (!requested.empty()) {
-      list.push_back({requested, verify_checkpoint(requested, false)});
+      list.push_back({requested, verify_checkpoint(requested)});
     } else {
       auto all = numbered_checkpoints(checkpoints_dir(s.config));
       for (auto it = all.rbegin(); it != all.rend(); ++it)
-        list.push_back({it->second.string(), verify_checkpoint(it->second, false)});
+        list.push_back({it->second.string(), verify_checkpoint(it->second)});
     }
     candidates = list.dump();
   }
