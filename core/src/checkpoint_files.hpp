@@ -39,9 +39,10 @@ void write_rank_files(const std::filesystem::path& tmp, int rank, const std::vec
 void finalize_checkpoint(const std::filesystem::path& tmp, const std::filesystem::path& final_dir, int world_size,
                          nlohmann::json meta);
 
-// "" when dir holds a complete checkpoint whose files all have the manifest's sizes (and,
-// with checksums, CRC-32C); else one line naming the file and what is wrong.
-std::string verify_checkpoint(const std::filesystem::path& dir, bool checksums);
+// "" when dir holds a complete checkpoint whose files all have the manifest's sizes; else
+// one line naming the file and what is wrong. The checksums are verified as the files are
+// read (checkpoint_reader.hpp), so that loading reads each byte once.
+std::string verify_checkpoint(const std::filesystem::path& dir);
 
 // The manifest of a checkpoint (throws Error when it is missing or malformed).
 nlohmann::json read_manifest(const std::filesystem::path& dir);

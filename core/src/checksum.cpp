@@ -40,10 +40,54 @@ constexpr uint32_t kK[64] = {
 
 }  // namespace
 
+// CRC arithmetic (as zlib's crc32_combine): the CRC of A then B is crc(A) multiplied by x^(8
+// |B|) modulo the polynomial, plus crc(B). This lets independent stretches of a buffer be
+// checksummed at once and joined.
+static uint32_t crc32c_multiply(uint32_t a, uint32_t b) {  // a * b mod P, reflected
+  uint32_t product = 0;
+  for (uint32_t m = 1u << 31; m != 0; m >>= 1) {
+    if (a & m) product ^= b;
+    b = (b & 1) ? (b >> 1) ^ 0x82F63B78u : b >> 1;
+  }
+  return product;
+}
+// x^(8 * bytes) mod P: the factor that moves a CRC past `bytes` more bytes.
+static uint32_t crc32c_shift(uint64_t bytes) {
+  uint32_t power = 1u << 30;  // x^1
+  uint32_t result = 1u << 31;  // x^0
+  for (uint64_t n = bytes * 8; n != 0; n >>= 1) {
+    if (n & 1) result = crc32c_multiply(power, result);
+    power = crc32c_multiply(power, power);
+  }
+  return result;
+}
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-// SSE4.2's crc32 instruction computes CRC-32C 8 bytes at a time (about 10x the table).
+// SSE4.2's crc32 instruction computes CRC-32C 8 bytes at a time. One instruction waits for
+// the one before it (3 cycles), so large buffers run three independent stretches side by
+// side (about 3x one stream, ~20 GB/s) and join their CRCs.
 __attribute__((target("sse4.2"))) uint32_t crc32c_sse42(uint32_t crc, const uint8_t* p, size_t size) {
-  uint64_t c = ~crc;
+  constexpr size_t kLane = 16 << 10;
+  static const uint32_t shift_lane = crc32c_shift(kLane);
+  uint64_t c = static_cast<uint32_t>(~crc);
+  while (size >= 3 * kLane) {
+    uint64_t c1 = 0xFFFFFFFFu, c2 = 0xFFFFFFFFu;
+    for (size_t i = 0; i < kLane; i += 8) {
+      uint64_t v0, v1, v2;
+      std::memcpy(&v0, p + i, 8);
+      std::memcpy(&v1, p + kLane + i, 8);
+      std::memcpy(&v2, p + 2 * kLane + i, 8);
+      c = __builtin_ia32_crc32di(c, v0);
+      c1 = __builtin_ia32_crc32di(c1, v1);
+      c2 = __builtin_ia32_crc32di(c2, v2);
+    }
+    // Back to finished CRCs (the stretches after the first start from an empty message), joined.
+    uint32_t joined = crc32c_multiply(shift_lane, ~static_cast<uint32_t>(c)) ^ ~static_cast<uint32_t>(c1);
+    joined = crc32c_multiply(shift_lane, joined) ^ ~static_cast<uint32_t>(c2);
+    c = static_cast<uint32_t>(~joined);
+    p += 3 * kLane;
+    size -= 3 * kLane;
+  }
   for (; size >= 8; p += 8, size -= 8) {
     uint64_t v;
     std::memcpy(&v, p, 8);

@@ -77,23 +77,22 @@ NamedTensors optimizer_pieces(StrategyInstance& strategy, int rank, torch::optim
   return pieces;
 }
 
-std::map<size_t, NamedTensors> assemble_optimizer(const std::vector<fs::path>& files) {
+std::map<size_t, NamedTensors> assemble_optimizer(const std::vector<std::pair<std::string, NamedTensors>>& files) {
   struct Full {
     torch::Tensor scalar;
     std::vector<std::tuple<int64_t, torch::Tensor>> pieces;
     int64_t numel = 0;
   };
   std::map<std::string, Full> all;
-  for (const fs::path& file : files) {
-    if (!fs::exists(file)) continue;  // a rank that held none
-    for (auto& [name, value] : load_safetensors(file.string())) {
+  for (auto& [file, tensors] : files) {
+    for (auto& [name, value] : tensors) {
       const auto at = name.rfind('@');
       if (at == std::string::npos) {
         all[name].scalar = value;
         continue;
       }
       const auto colon = name.find(':', at);
-      if (colon == std::string::npos) throw Error("load_state: '" + file.string() + "': malformed piece name '" + name + "'");
+      if (colon == std::string::npos) throw Error("load_state: '" + file + "': malformed piece name '" + name + "'");
       const int64_t offset = std::stoll(name.substr(at + 1, colon - at - 1));
       Full& f = all[name.substr(0, at)];
       f.numel = std::max<int64_t>(f.numel, offset + value.numel());
@@ -134,6 +133,33 @@ void set_optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& 
         throw Error("load_state: optimizer state '" + named.key() + "/" + key + "' has " + std::to_string(value.numel()) +
                     " elements, the parameter " + std::to_string(named.value().numel()));
     sdk::set_param_state(optimizer, named.value(), it->second);
+  }
+}
+
+}  // namespace hasten::detail
+
+namespace hasten::detail {
+
+void set_steps(torch::optim::Optimizer& optimizer, const std::vector<std::pair<torch::Tensor, int64_t>>& steps) {
+  std::map<const void*, int64_t> by_data;
+  for (auto& [t, n] : steps) by_data[t.data_ptr()] = n;
+  auto owner_step = [&](const torch::Tensor& t) -> const int64_t* {
+    if (!t.defined()) return nullptr;
+    auto it = by_data.find(t.data_ptr());
+    return it == by_data.end() ? nullptr : &it->second;
+  };
+  for (auto& [key, state] : optimizer.state()) {
+    (void)key;
+    auto* base = state.get();
+    if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(base)) {
+      if (auto* n = owner_step(s->exp_avg())) s->step(*n);
+    } else if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(base)) {
+      if (auto* n = owner_step(s->exp_avg())) s->step(*n);
+    } else if (auto* s = dynamic_cast<torch::optim::RMSpropParamState*>(base)) {
+      if (auto* n = owner_step(s->square_avg())) s->step(*n);
+    } else if (auto* s = dynamic_cast<torch::optim::AdagradParamState*>(base)) {
+      if (auto* n = owner_step(s->sum())) s->step(*n);
+    }
   }
 }
 

@@ -30,11 +30,16 @@ void load_optimizer_bytes(torch::optim::Optimizer& optimizer, const std::string&
 NamedTensors optimizer_pieces(StrategyInstance& strategy, int rank, torch::optim::Optimizer& optimizer,
                               torch::nn::Module& module, size_t m);
 
-// The pieces in `files` (every saved rank's; missing files are ranks that held none),
-// assembled into full state per model: model -> ("<param>/<key>", 1-D tensor or 0-d scalar).
-std::map<size_t, NamedTensors> assemble_optimizer(const std::vector<std::filesystem::path>& files);
+// The pieces of every saved rank's file (file name for errors, its tensors), assembled into
+// full state per model: model -> ("<param>/<key>", 1-D tensor or 0-d scalar).
+std::map<size_t, NamedTensors> assemble_optimizer(const std::vector<std::pair<std::string, NamedTensors>>& files);
 
 // Sets the optimizer state of the model's own parameters from full state (unsharded).
 void set_optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& module, const NamedTensors& full);
+
+// Sets the step count of the parameter states that own the given state tensors (one of a
+// state's tensors has the tensor's storage): after a load that read the state tensors in place,
+// the integer step is the one thing left to set. SGD keeps no step.
+void set_steps(torch::optim::Optimizer& optimizer, const std::vector<std::pair<torch::Tensor, int64_t>>& steps);
 
 }  // namespace hasten::detail

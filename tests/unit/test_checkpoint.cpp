@@ -185,6 +185,14 @@ TEST(Checkpoint, ExactResumeDdp) { exact_resume("ddp", 2); }
 TEST(Checkpoint, ExactResumeDdpMidWindow) { exact_resume("ddp", 2, 19); }
 TEST(Checkpoint, ExactResumeZero3) { exact_resume("zero3", 2); }
 TEST(Checkpoint, ExactResumeFsdp) { exact_resume("fsdp", 2); }
+// Mid-window under the sharding strategies: each rank's local, not yet reduced gradients
+// (the units' full gradient buffers) are saved and taken back by the strategy at the next
+// backward. Stage 1 keeps its gradient buffers allocated, stages 2 and 3 and fsdp free them
+// after each reduction, and stage 3 frees the parameters too.
+TEST(Checkpoint, ExactResumeZero1MidWindow) { exact_resume("zero1", 2, 19); }
+TEST(Checkpoint, ExactResumeZero2MidWindow) { exact_resume("zero2", 2, 19); }
+TEST(Checkpoint, ExactResumeZero3MidWindow) { exact_resume("zero3", 2, 19); }
+TEST(Checkpoint, ExactResumeFsdpMidWindow) { exact_resume("fsdp", 2, 19); }
 
 namespace {
 
@@ -335,6 +343,54 @@ TEST(Checkpoint, AnExplicitDirectoryIsReplacedAtomicallyAndMismatchesAreNamed) {
   (void)prepared;
   const std::string e = error_of([&] { other.load_state(target.string()); });
   EXPECT_NE(e.find("the checkpoint holds 1 models, this program prepared 2"), std::string::npos) << e;
+}
+
+namespace {
+
+// Prepares what train() prepares and loads `ckpt`; writes what load_state said (or "(no
+// error)") to <out>/error_<rank>.txt.
+void load_error(const std::string& strategy, const fs::path& ckpt, const fs::path& out) {
+  Options o;
+  o.strategy = strategy;
+  o.project_dir = (out / "unused").string();
+  Accelerator acc(o);
+  auto net = std::make_shared<NetImpl>();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.01));
+  torch::optim::StepLR steplr(adam, 3, 0.5);
+  hasten::DataLoader data(hasten::TensorDataset(torch::randn({50, 6}), torch::randint(0, 3, {50})), {.batch_size = 4});
+  auto prepared = acc.prepare(net, adam, data, steplr);
+  (void)prepared;
+  Counter micro;
+  acc.register_for_checkpointing(micro);
+  std::ofstream(out / ("error_" + std::to_string(acc.process_index()) + ".txt"))
+      << error_of([&] { acc.load_state(ckpt.string()); });
+}
+
+}  // namespace
+
+// Each rank reads only its own optimizer pieces and verifies them as it reads: a bit flipped
+// in rank 1's file is found by rank 1, and every rank refuses the checkpoint naming the file.
+// A file no rank of the loading run reads (rank 1's random state, loaded on one rank) is
+// verified by rank 0.
+TEST(Checkpoint, ADamagedFileOnlyOneRankReadsIsRefusedOnEveryRank) {
+  hasten::test::TempDir dir;
+  const fs::path project = dir.path() / "p", ckpt = project / "checkpoints" / "checkpoint_0";
+  hasten::launch([&] { train("zero3", project, 20, false, true, dir.path()); }, ranks(2));
+  const fs::path pieces = ckpt / "optimizer.rank1.safetensors";
+  flip_a_byte(pieces, static_cast<size_t>(fs::file_size(pieces)) - 5);
+  hasten::launch([&] { load_error("zero3", ckpt, dir.path()); }, ranks(2));
+  for (int r = 0; r < 2; ++r) {
+    const std::string e = hasten::test::TempDir::read_file(dir.path() / ("error_" + std::to_string(r) + ".txt"));
+    EXPECT_NE(e.find("optimizer.rank1.safetensors' does not match its checksum (corrupt)"), std::string::npos)
+        << "rank " << r << ": " << e;
+  }
+  flip_a_byte(pieces, static_cast<size_t>(fs::file_size(pieces)) - 5);  // repaired
+  hasten::launch([&] { load_error("zero3", ckpt, dir.path()); }, ranks(2));
+  EXPECT_EQ(hasten::test::TempDir::read_file(dir.path() / "error_1.txt"), "(no error)");
+  flip_a_byte(ckpt / "random_states_1.safetensors", 60);
+  load_error("single", ckpt, dir.path());
+  const std::string e = hasten::test::TempDir::read_file(dir.path() / "error_0.txt");
+  EXPECT_NE(e.find("random_states_1.safetensors' does not match its checksum (corrupt)"), std::string::npos) << e;
 }
 
 namespace {
@@ -572,4 +628,23 @@ TEST(Checkpoint, AMalformedStateFileAndALoadInsideTheLoopAreClearErrors) {
   std::ofstream(ckpt / "manifest.json") << manifest.dump();
   const std::string e = error_of([&] { train("single", parts, 10, false, false, b, ckpt.string()); });
   EXPECT_NE(e.find("hasten_state.json is malformed"), std::string::npos) << e;
+}
+
+// The checksum of a file larger than the stretches the CRC-32C runs side by side, and of an
+// odd length, equals a bit-by-bit CRC-32C of its bytes.
+TEST(Checkpoint, TheManifestChecksumOfALargeFileIsItsCrc32c) {
+  hasten::test::TempDir dir;
+  Options o;
+  o.project_dir = dir.path().string();
+  Accelerator acc(o);
+  torch::manual_seed(5);
+  torch::nn::Linear big(301, 299);  // about 360 KB of weights: many stretches and a remainder
+  auto prepared = acc.prepare(big);
+  (void)prepared;
+  const fs::path ckpt = acc.save_state();
+  const auto manifest = nlohmann::json::parse(hasten::test::TempDir::read_file(ckpt / "manifest.json"));
+  const std::string bytes = hasten::test::TempDir::read_file(ckpt / "model.safetensors");
+  ASSERT_GT(bytes.size(), 300000u);
+  EXPECT_EQ(manifest["files"]["model.safetensors"]["crc32c"].get<std::string>(), crc32c_text(bytes));
+  EXPECT_EQ(acc.load_state(ckpt.string()), ckpt.string());
 }

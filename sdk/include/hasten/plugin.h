@@ -465,9 +465,12 @@ typedef struct hasten_strategy_vtable {
                                    void (*emit)(void* ctx, const char* name, hasten_tensor* value),
                                    void* ctx);
   /* Optional: loads full optimizer state ("<param>/<key>": state tensors flattened to 1-D, and
-   * 0-d scalars; every rank the same) for model's parameters, re-slicing what the strategy
-   * shards. Names and values borrowed for the call. NULL: the host sets the state of the
-   * model's own parameters. */
+   * 0-d scalars) for model's parameters, re-slicing what the strategy shards: read only the
+   * slice this rank keeps. On as many ranks under the same strategy as saved, only the ranges
+   * this rank's optimizer_state emitted at the save are filled (ranks pass different values);
+   * the host then checks through optimizer_state that every piece held is one of them, else
+   * calls again with every rank's pieces assembled. Names and values borrowed for the call.
+   * NULL: the host sets the state of the model's own parameters. */
   hasten_status (*load_optimizer_state)(hasten_instance* self, hasten_optimizer* optimizer,
                                         hasten_module* model, const char* const* names,
                                         hasten_tensor* const* values, uint32_t n);
