@@ -16,6 +16,8 @@ void add_plugins_command(CLI::App& app, Action& action);
 void add_config_command(CLI::App& app, Action& action);
 void add_launch_command(CLI::App& app, Action& action);
 void add_weights_command(CLI::App& app, Action& action);
+void add_test_command(CLI::App& app, Action& action);
+void add_estimate_memory_command(CLI::App& app, Action& action);
 
 // "hasten: error: <message>" on stderr; returns 1.
 int report_error(const std::string& message);
