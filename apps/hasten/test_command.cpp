@@ -111,7 +111,10 @@ int run_test(const TestFlags& flags) {
   bool interrupted = false;
   int failed_rank = -1;
   const int rc = run_workers(plan, &interrupted, &failed_rank);
-  if (interrupted) return rc;
+  if (interrupted) {
+    fs::remove_all(dir);
+    return rc;
+  }
 
   std::vector<nlohmann::json> verdicts(static_cast<size_t>(plan.world_size));
   for (int r = 0; r < plan.world_size; ++r) {

@@ -7,6 +7,7 @@
   `single` strategy on each) fails naming the rank and the check, non-zero."""
 import os
 import re
+import shutil
 import tempfile
 
 import harness as h
@@ -52,4 +53,10 @@ p = h.run(h.hasten("test", "--num_processes", "2", "--strategy", "single", "--st
 h.check_clean_failure(p, "hasten test with unsynchronised ranks", "differs from rank 0")
 if not re.search(r"test failed on rank [01] of 2: rank 1's model differs", p.stderr):
     h.fail("the failure does not name the rank and the check:\n" + p.stderr)
+# The workers' output stays where the line says, for the user to read; this test removes it.
+logs = re.search(r"every rank's output: (\S+)/rank_<r>\.log", p.stderr).group(1)
+with open(os.path.join(logs, "rank_1.log")) as f:
+    if "differs from rank 0" not in f.read():
+        h.fail(f"{logs}/rank_1.log does not hold rank 1's error")
+shutil.rmtree(logs)
 print("hasten_test: OK")
