@@ -85,9 +85,9 @@ def main():
     for w in args.workloads:
         for mode in args.modes:
             for r in range(args.repeats):
-                sides = [("hasten", [bench, "--workload", w, "--mode", mode, "--impl", "hasten", *steps])]
+                sides = [("hasten", [bench, "--workload", w, "--mode", mode, "--impl", "hasten", "--quiet", *steps])]
                 if mode in LIBTORCH_MODES:
-                    sides.append(("libtorch", [bench, "--workload", w, "--mode", mode, "--impl", "libtorch", *steps]))
+                    sides.append(("libtorch", [bench, "--workload", w, "--mode", mode, "--impl", "libtorch", "--quiet", *steps]))
                 if mode in PEER_MODES:
                     sides.append(("torch", ["/usr/bin/python3", PEER, "--workload", w, "--mode", mode, *steps]))
                 for impl, cmd in sides:

@@ -216,7 +216,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> workloads = hasten::workloads::names(), mode_names, impls = {"hasten", "libtorch"};
   std::vector<std::string> comms = {"shm", "gloo"};
   int64_t steps = -1, warmup = 10, max_bytes = 64ll << 20;
-  bool run_collectives = false, print_blas_env = false;
+  bool run_collectives = false, print_blas_env = false, quiet = false;
   CLI::App app{"hasten-bench: time the benchmark workloads through hasten and the plain LibTorch loop"};
   app.add_option("--workload", workloads, "Workloads (default: all)");
   app.add_option("--mode", mode_names, "Modes: single bf16 ddp2 ddp2-accum4 zero1 zero2 zero3 fsdp (default: all)");
@@ -228,6 +228,7 @@ int main(int argc, char** argv) {
   app.add_option("--comm", comms, "Comm plugins for --collectives (default: shm gloo)");
   app.add_option("--max-bytes", max_bytes, "Largest collective buffer (default 64 MiB)")
       ->check(hasten::cli::integer_in(4096, 1ll << 34));
+  app.add_flag("--quiet,-q", quiet, "No progress bar on stderr during the workload runs");
   app.add_flag("--print-blas-env", print_blas_env, "Print the OpenBLAS settings the runs use, and exit");
   std::string checkpoint_dir;
   app.add_option("--checkpoints", checkpoint_dir,
@@ -285,6 +286,7 @@ int main(int argc, char** argv) {
           a.warmup = warmup;
           a.json = true;
           a.log_every = 0;
+          a.quiet = quiet;
           a.units = it->units;
           a.options.strategy = it->strategy;
           a.options.mixed_precision = it->precision;

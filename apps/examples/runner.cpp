@@ -3,6 +3,7 @@
 #include "runner.hpp"
 
 #include <hasten/hasten.hpp>
+#include <hasten/progress.hpp>
 #include <hasten/runtime_info.hpp>
 #include <hasten/torch_compat.hpp>
 
@@ -66,6 +67,15 @@ nlohmann::ordered_json to_json(const hasten::MemoryReport& m) {
           {"peak_optimizer", m.peak_optimizer}, {"at_rest", m.at_rest()}};
 }
 
+// The progress bar of a run: on stderr, so that stdout keeps the summary; drawn by the local
+// main process only, and not at all with --quiet.
+hasten::ProgressOptions progress_options(const Args& a, bool local_main) {
+  hasten::ProgressOptions po;
+  po.description = a.mode.empty() ? a.workload : a.workload + " " + a.mode;
+  po.enabled = local_main && !a.quiet;
+  return po;
+}
+
 // The plain LibTorch loop: no hasten code in the step.
 Result train_libtorch(const Args& a, int64_t batch, int64_t total) {
   torch::manual_seed(0);
@@ -77,6 +87,7 @@ Result train_libtorch(const Args& a, int64_t batch, int64_t total) {
   std::vector<torch::Tensor> losses;
   losses.reserve(static_cast<size_t>(total));
   Result r;
+  hasten::ProgressBar bar(total, progress_options(a, /*main=*/true));
   Clock::time_point t0 = Clock::now();
   for (int64_t i = 0; i < total; ++i) {
     if (i == a.warmup) t0 = Clock::now();
@@ -100,7 +111,10 @@ Result train_libtorch(const Args& a, int64_t batch, int64_t total) {
     opt.step();
     opt.zero_grad();
     losses.push_back(loss.detach());
+    if (bar.enabled()) bar.set("loss", loss.item<double>());
+    bar.update(1, batch);
   }
+  bar.close();
   r.timed_s = std::chrono::duration<double>(Clock::now() - t0).count();
   r.timed_steps = total - a.warmup;
   auto all = torch::stack(losses).to(torch::kDouble);
@@ -144,6 +158,8 @@ Result train_hasten(const Args& a, int64_t batch, int64_t total) {
   std::vector<torch::Tensor> losses;
   losses.reserve(static_cast<size_t>(total));
   Clock::time_point t0 = Clock::now(), last = t0;
+  hasten::ProgressBar bar(total - step, progress_options(a, acc.is_local_main_process()));
+  const int64_t samples_per_step = batch * acc.num_processes();
   while (step < total) {
     for (auto& b : loader) {
       if (step == a.warmup) t0 = Clock::now();
@@ -155,19 +171,21 @@ Result train_hasten(const Args& a, int64_t batch, int64_t total) {
       opt.zero_grad();
       losses.push_back(loss.detach());
       ++step;
-      if (a.log_every > 0 && step % a.log_every == 0) {
+      if (bar.enabled()) bar.set("loss", loss.item<double>());
+      bar.update(1, samples_per_step);
+      if (tracking && step % a.log_every == 0) {
         const double l = loss.item<double>();
         const double dt = std::chrono::duration<double>(Clock::now() - last).count();
         last = Clock::now();
-        const double sps = static_cast<double>(a.log_every * batch * acc.num_processes()) / dt;
-        if (!a.json) acc.print("step ", step, "/", total, "  loss ", l, "  samples/s ", static_cast<int64_t>(sps));
-        if (tracking) acc.log({{"loss", l}, {"samples_per_s", sps}}, step);
+        const double sps = static_cast<double>(a.log_every * samples_per_step) / dt;
+        acc.log({{"loss", l}, {"samples_per_s", sps}}, step);
       }
       if (a.checkpoint_every > 0 && step % a.checkpoint_every == 0) acc.save_state();
       kill_for_tests(acc, step);
       if (step >= total) break;
     }
   }
+  bar.close();
   r.timed_s = std::chrono::duration<double>(Clock::now() - t0).count();
   r.timed_steps = std::max<int64_t>(0, total - std::max(a.warmup, r.resumed_at));
   r.world_size = acc.num_processes();

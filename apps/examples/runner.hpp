@@ -17,7 +17,8 @@ struct Args {
   std::string mode;    // label; default derived from the run
   bool json = false;
   std::string losses_out;
-  int64_t log_every = 10;
+  int64_t log_every = 10;   // tracker logging period (0: no tracker logging)
+  bool quiet = false;       // no progress bar (it goes to stderr, on the local main process)
   int threads = 1;
   std::string project = "hasten-example";
   bool units = false;        // declare sharding units (for zero/fsdp)
@@ -29,8 +30,9 @@ struct Args {
 };
 
 // Trains a.workload through hasten (a.impl "hasten") or the plain LibTorch loop ("libtorch");
-// rank 0 prints the summary (one JSON line with a.json) and writes a.losses_out and
-// a.params_out. Returns the process exit status; throws on errors.
+// the local main process shows a hasten::ProgressBar on stderr unless a.quiet (so stdout keeps
+// only the summary, one JSON line with a.json); rank 0 prints the summary and writes
+// a.losses_out and a.params_out. Returns the process exit status; throws on errors.
 int run(const Args& a);
 
 }  // namespace hasten::examples

@@ -1,7 +1,8 @@
 // hasten-example: trains a workload of docs/workloads.md through hasten (the default) or
-// through a plain LibTorch loop (--impl libtorch), prints progress on the main process, logs
-// to the configured trackers, and with --json prints the same summary fields as the PyTorch
-// peer (tests/integration/peers/torch_peer.py) so runs compare directly.
+// through a plain LibTorch loop (--impl libtorch), shows progress on stderr on the local main
+// process (hasten::ProgressBar; --quiet: none), logs to the configured trackers, and with
+// --json prints the same summary fields as the PyTorch peer
+// (tests/integration/peers/torch_peer.py) so runs compare directly.
 //
 //   hasten-example --workload mlp-small --steps 200
 //   hasten launch --num_processes 2 build/bin/hasten-example --workload gpt-tiny --json
@@ -39,8 +40,9 @@ int main(int argc, char** argv) {
   app.add_option("--mode", a.mode, "Label of the run in the JSON summary");
   app.add_flag("--json", a.json, "Print the summary as one JSON line (main process)");
   app.add_option("--losses-out,--losses_out", a.losses_out, "Write every step's loss (JSON) here");
-  app.add_option("--log-every,--log_every", a.log_every, "Progress and tracker logging period (0: off)")
+  app.add_option("--log-every,--log_every", a.log_every, "Tracker logging period in steps (0: off)")
       ->check(hasten::cli::integer_in(0, kMaxSteps));
+  app.add_flag("--quiet,-q", a.quiet, "No progress bar (it goes to stderr: redrawn on a terminal, else plain lines)");
   app.add_option("--threads", a.threads, "Intra-op threads")->check(CLI::PositiveNumber);
   app.add_option("--project", a.project, "Tracker project name");
   app.add_flag("--units", a.units, "Declare every Linear (MLP) or encoder layer (gpt-tiny) a sharding unit");

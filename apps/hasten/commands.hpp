@@ -19,6 +19,8 @@ void add_config_wizard(CLI::App& config_cmd, Action& action);
 void add_config_show_command(CLI::App& config_cmd, Action& action);
 void add_launch_command(CLI::App& app, Action& action);
 void add_weights_command(CLI::App& app, Action& action);
+void add_test_command(CLI::App& app, Action& action);
+void add_estimate_memory_command(CLI::App& app, Action& action);
 
 // "hasten: error: <message>" on stderr; returns 1.
 int report_error(const std::string& message);

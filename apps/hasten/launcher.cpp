@@ -55,7 +55,7 @@ void write_all(int fd, const std::string& s) {
   }
 }
 
-void emit(Worker& w, Stream& s, const std::string& prefix, bool flush_partial) {
+void emit(Worker& w, Stream& s, const std::string& prefix, bool flush_partial, bool echo) {
   if (flush_partial && !s.pending.empty() && s.pending.back() != '\n') s.pending += '\n';
   std::string out, plain;
   size_t start = 0;
@@ -70,22 +70,22 @@ void emit(Worker& w, Stream& s, const std::string& prefix, bool flush_partial) {
     *w.log << plain;
     w.log->flush();
   }
-  write_all(s.out_fd, out);
+  if (echo) write_all(s.out_fd, out);
 }
 
 // Reads what is available; returns false at EOF.
-bool drain(Worker& w, Stream& s, const std::string& prefix) {
+bool drain(Worker& w, Stream& s, const std::string& prefix, bool echo) {
   if (s.fd < 0) return false;
   char buf[65536];
   for (;;) {
     ssize_t n = ::read(s.fd, buf, sizeof buf);
     if (n > 0) {
       s.pending.append(buf, static_cast<size_t>(n));
-      emit(w, s, prefix, false);
+      emit(w, s, prefix, false, echo);
       continue;
     }
     if (n == 0) {
-      emit(w, s, prefix, true);
+      emit(w, s, prefix, true, echo);
       ::close(s.fd);
       s.fd = -1;
       return false;
@@ -115,7 +115,7 @@ std::vector<std::pair<std::string, std::string>> LaunchPlan::worker_env(int loca
   return env;
 }
 
-int run_workers(const LaunchPlan& plan, bool* interrupted) {
+int run_workers(const LaunchPlan& plan, bool* interrupted, int* failed_rank) {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
@@ -224,13 +224,14 @@ int run_workers(const LaunchPlan& plan, bool* interrupted) {
         if (fds[i].revents != 0) {
           Worker* w = owners[i].first;
           drain(*w, *owners[i].second,
-                plan.prefix_output ? "[rank " + std::to_string(w->rank) + "] " : "");
+                plan.prefix_output ? "[rank " + std::to_string(w->rank) + "] " : "", plan.echo);
         }
     } else {
       ::usleep(50 * 1000);
     }
     for (const auto& end : supervisor.collect())
-      if (end.stopped_the_run && plan.world_size > 1)  // with one worker its own output says what happened
+      // With one worker its own output says what happened.
+      if (end.stopped_the_run && plan.world_size > 1 && plan.echo)
         std::cerr << "hasten launch: " << detail::describe_worker_exit(end.rank, end.pid, end.status)
                   << "; stopping the other workers" << std::endl;
     if (!supervisor.any_running()) break;
@@ -239,7 +240,7 @@ int run_workers(const LaunchPlan& plan, bool* interrupted) {
   // What is left in the pipes.
   for (auto& w : workers)
     for (Stream* s : {&w.out, &w.err})
-      while (s->fd >= 0 && drain(w, *s, plan.prefix_output ? "[rank " + std::to_string(w.rank) + "] " : "")) {
+      while (s->fd >= 0 && drain(w, *s, plan.prefix_output ? "[rank " + std::to_string(w.rank) + "] " : "", plan.echo)) {
         if (s->fd >= 0) {
           pollfd p{s->fd, POLLIN, 0};
           if (::poll(&p, 1, 100) <= 0) {
@@ -249,8 +250,9 @@ int run_workers(const LaunchPlan& plan, bool* interrupted) {
         }
       }
   if (interrupted != nullptr) *interrupted = forwarded_signal != 0;
-  if (supervisor.first_failure() >= 0)
-    return detail::exit_code_of(supervisor.status(static_cast<size_t>(supervisor.first_failure())));
+  const int first_failure = supervisor.first_failure();
+  if (failed_rank != nullptr) *failed_rank = first_failure >= 0 ? supervisor.rank(static_cast<size_t>(first_failure)) : -1;
+  if (first_failure >= 0) return detail::exit_code_of(supervisor.status(static_cast<size_t>(first_failure)));
   for (size_t i = 0; i < supervisor.size(); ++i)
     if (!(WIFEXITED(supervisor.status(i)) && WEXITSTATUS(supervisor.status(i)) == 0))
       return detail::exit_code_of(supervisor.status(i));

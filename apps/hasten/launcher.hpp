@@ -22,6 +22,7 @@ struct LaunchPlan {
   std::vector<std::pair<std::string, std::string>> env;  // set on every worker
   bool prefix_output = false;
   std::string log_dir;  // non-empty: also write rank_<r>.log there
+  bool echo = true;     // false: workers' output only to log_dir, and no launcher lines (hasten test)
   double grace_s = 5.0;
 
   int global_rank(int local_rank) const { return machine_rank * local_world_size + local_rank; }
@@ -30,7 +31,8 @@ struct LaunchPlan {
 };
 
 // Runs the workers to completion; returns the exit status for the launcher. *interrupted
-// (when given) tells whether the launcher itself was signalled (SIGINT, SIGTERM, SIGHUP).
-int run_workers(const LaunchPlan& plan, bool* interrupted = nullptr);
+// (when given) tells whether the launcher itself was signalled (SIGINT, SIGTERM, SIGHUP);
+// *failed_rank (when given) is the global rank of the first worker that failed, else -1.
+int run_workers(const LaunchPlan& plan, bool* interrupted = nullptr, int* failed_rank = nullptr);
 
 }  // namespace hasten::cli

@@ -1,5 +1,5 @@
-// hasten: environment report, plugin listing and inspection, config files, the launcher, and
-// merging sharded weights.
+// hasten: environment report, plugin listing and inspection, config files, the launcher,
+// merging sharded weights, the self-test and the memory estimate.
 #include <hasten/error.hpp>
 
 #include <iostream>
@@ -25,13 +25,15 @@ int main(int argc, char** argv) {
   add_config_command(app, action);
   add_launch_command(app, action);
   add_weights_command(app, action);
+  add_test_command(app, action);
+  add_estimate_memory_command(app, action);
   if (argc > 1 && argv[1][0] != '-') {
     const std::string command = argv[1];
     bool known = false;
     for (auto* sub : app.get_subcommands({})) known = known || sub->get_name() == command;
     if (!known) {
       std::cerr << "hasten: error: unknown command '" << command
-                << "' (allowed: env, plugins, config, launch, merge-weights; see hasten --help)" << std::endl;
+                << "' (allowed: env, plugins, config, launch, merge-weights, test, estimate-memory; see hasten --help)" << std::endl;
       return 2;
     }
   }
