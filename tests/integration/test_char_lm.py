@@ -5,11 +5,13 @@
 - --init_from loads save_model's weights bitwise: a run that trains nothing (--epochs 0) from
   them reports the param_checksum of the run that saved them, which is also the SHA-256 this
   test computes over the saved model.safetensors; without --init_from the checksum differs;
-  the same load under zero3 on 2 processes gives the same checksum.
+  the same load under zero3 on 2 processes gives the same checksum;
+- --resume from a mid-epoch checkpoint ends with the uninterrupted run's weights, bit for bit.
 Skips (exit 77) when the fortunes package is not installed; scripts/install-deps.sh installs it."""
 import hashlib
 import json
 import os
+import shutil
 import struct
 import sys
 import tempfile
@@ -93,4 +95,21 @@ with tempfile.TemporaryDirectory() as d:
     if sharded["param_checksum"] != saved or sharded["num_processes"] != 2:
         h.fail(f"--init_from under zero3 on 2 processes: checksum {sharded['param_checksum']}, saved {saved}")
     print("ok: the same load under zero3 on 2 processes")
+
+    # (d) --resume continues mid-epoch exactly: a run interrupted after its first checkpoint
+    # (here: its last checkpoint removed) ends with the uninterrupted run's weights.
+    project = os.path.join(d, "r")
+    resume_args = [EXE, *SMALL, "--max_steps", "20", "--checkpoint_every", "10",
+                   "--project_dir", project]
+    whole = summary(h.run(resume_args), "uninterrupted run")
+    if whole["checkpoint"] != os.path.join(project, "checkpoints", "checkpoint_1"):
+        h.fail(f"20 steps with --checkpoint_every 10 ended in checkpoint {whole['checkpoint']}, expected checkpoint_1")
+    shutil.rmtree(whole["checkpoint"])
+    again = summary(h.run(resume_args + ["--resume"]), "resumed run")
+    if again["resumed_from"] != os.path.join(project, "checkpoints", "checkpoint_0"):
+        h.fail(f"--resume continued from '{again['resumed_from']}', expected checkpoint_0")
+    if again["param_checksum"] != whole["param_checksum"] or again["steps"] != 20:
+        h.fail(f"resumed run: {again['steps']} steps, checksum {again['param_checksum']}; uninterrupted: "
+               f"{whole['param_checksum']}")
+    print("ok: --resume after step 10 ends with the uninterrupted run's weights")
 print("ok")
