@@ -33,7 +33,7 @@ constexpr int64_t kVocab = 256;  // byte values: every file of any corpus encode
 struct Args {
   int64_t epochs = 1;
   int64_t max_steps = 0;
-  int64_t batch_size = 16;
+  int64_t batch_size = 8;
   int64_t eval_batch_size = 64;
   int64_t accumulation = 4;
   int64_t context = 64;
