@@ -148,6 +148,8 @@ int train(const Args& a, hasten::Options options) {
   const bool units = acc.strategy() == "zero" || acc.strategy() == "fsdp";
   auto net = std::make_shared<TinyGptImpl>(kVocab, a.context, a.d_model, a.n_head, 4 * a.d_model, a.n_layer, units);
   if (!a.init_from.empty()) hasten::load_weights(*net, a.init_from);  // hasten: from_pretrained
+  int64_t n_params = 0;  // counted now: under stage 3 the module's parameters are empty after prepare
+  for (const auto& p : net->parameters()) n_params += p.numel();
 
   // Weight decay on the weight matrices and embeddings, none on biases and layer norms (as
   // Accelerate's example excludes "bias" and "LayerNorm.weight").
@@ -202,11 +204,7 @@ int train(const Args& a, hasten::Options options) {
     acc.print("corpus: ", corpus.files.size(), " file(s), ", corpus.fortunes, " fortunes (", corpus.val_fortunes,
               " held out), ", corpus.train_text.size(), " training bytes, unigram entropy ", entropy, " nats/char");
     acc.print("model: ", a.n_layer, " layers, width ", a.d_model, ", context ", a.context, ", ",
-              [&] {
-                int64_t n = 0;
-                for (const auto& p : net->parameters()) n += p.numel();
-                return n;
-              }(),
+              n_params,
               " parameters; ", total_steps, " optimizer steps of ", a.batch_size * accum * acc.num_processes(),
               " windows; ", acc.strategy(), ", ", acc.mixed_precision());
     if (!resumed_from.empty())
