@@ -17,6 +17,7 @@ packages=(
   binutils file jq procps
   zlib1g-dev                        # gzread for the Fashion-MNIST example's IDX files
   dataset-fashion-mnist             # the real data set of `make demo` and its tests
+  fortunes                          # the char LM example's text corpus (/usr/share/games/fortunes)
 )
 
 missing=()

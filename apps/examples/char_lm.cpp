@@ -1,0 +1,462 @@
+// hasten-char-lm: a small character-level GPT (the gpt-tiny architecture of docs/workloads.md,
+// sized for bytes) trained on the fortunes corpus with the loop of Accelerate's language-model
+// fine-tuning example: bf16 autocast, gradient accumulation, AdamW with weight decay (none on
+// biases and layer norms), a cosine schedule with linear warmup, gradient clipping on sync
+// steps, checkpoints, a held-out validation loss, trackers, and generated text at the end.
+// The lines marked "hasten" are the ones a plain LibTorch program would not have.
+//
+//   hasten-char-lm --max_steps 200 --project_dir runs/charlm
+//   hasten launch --num_processes 2 build/bin/hasten-char-lm --max_steps 200 --project_dir runs/charlm
+//   hasten-char-lm --files fortunes --init_from runs/pretrained --max_steps 50   # fine-tune
+#include <hasten/hasten.hpp>
+#include <hasten/schedulers.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <iostream>
+
+#include "char_lm_data.hpp"
+#include "workloads.hpp"
+
+namespace F = torch::nn::functional;
+namespace ex = hasten::examples;
+using hasten::workloads::TinyGptImpl;
+
+namespace {
+
+constexpr int64_t kVocab = 256;  // byte values: every file of any corpus encodes, and weights fit any --files
+
+struct Args {
+  int64_t epochs = 1;
+  int64_t max_steps = 0;
+  int64_t batch_size = 8;
+  int64_t eval_batch_size = 64;
+  int64_t accumulation = 4;
+  int64_t context = 64;
+  int64_t d_model = 128;
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  double lr = 2e-3;
+  double weight_decay = 0.1;
+  int64_t warmup_steps = -1;  // -1: a tenth of the optimizer steps
+  double max_grad_norm = 1.0;
+  double val_fraction = 0.1;
+  int64_t val_windows = 256;
+  uint64_t seed = 0;
+  int threads = 1;
+  int64_t log_every = 10;
+  int64_t checkpoint_every = 0;
+  int64_t sample_chars = 300;
+  double temperature = 0.8;
+  std::string prompt;
+  std::string data_dir = ex::kFortunesDir;
+  std::vector<std::string> files;
+  std::string init_from, save_model;
+  bool resume = false, json = false, quiet = false;
+};
+
+// Where the run is, saved in every checkpoint so that --resume continues there.
+struct Progress {
+  int64_t epoch = 0;  // epochs finished
+  int64_t step = 0;   // optimizer steps taken
+  std::string state_dict() const { return std::to_string(epoch) + " " + std::to_string(step); }
+  void load_state_dict(const std::string& s) {
+    const auto space = s.find(' ');
+    epoch = std::stoll(s.substr(0, space));
+    step = std::stoll(s.substr(space + 1));
+  }
+};
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Cross-entropy of the next byte at every position: logits (seq, batch, vocab), targets (seq,
+// batch); the mean over all positions.
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return F::cross_entropy(logits.reshape({-1, kVocab}), targets.reshape(-1));
+}
+
+struct Eval {
+  double loss = 0;
+  int64_t count = 0;  // validation windows, each counted once over all processes
+};
+
+template <class Model, class Loader>
+Eval evaluate(hasten::Accelerator& acc, Model& model, Loader& loader) {
+  model.eval();
+  torch::NoGradGuard no_grad;
+  double sum = 0;
+  int64_t count = 0;
+  for (auto& b : loader) {
+    const auto x = b.input.t(), y = b.target.t();  // sequence-first, as gpt-tiny takes it
+    auto logits = model(x);
+    auto per_token = F::cross_entropy(logits.reshape({-1, kVocab}), y.reshape(-1),
+                                      F::CrossEntropyFuncOptions().reduction(torch::kNone));
+    // hasten: one mean loss per window from every rank, less the windows that pad the last round.
+    auto per_window = acc.gather_for_metrics(per_token.reshape(y.sizes()).mean(0));
+    sum += per_window.sum().template item<double>();
+    count += per_window.size(0);
+  }
+  model.train();
+  return {count > 0 ? sum / static_cast<double>(count) : 0.0, count};
+}
+
+// Samples `n` bytes after `prompt` from a plain (unprepared, float32) copy of the model.
+std::string generate(TinyGptImpl& net, const std::string& prompt, int64_t context, int64_t n, double temperature,
+                     uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  net.eval();
+  auto gen = at::detail::createCPUGenerator(seed);
+  std::vector<int64_t> tokens;
+  for (unsigned char ch : prompt) tokens.push_back(ch);
+  std::string out;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t begin = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - context);
+    auto idx = torch::tensor(std::vector<int64_t>(tokens.begin() + begin, tokens.end()), torch::kLong).unsqueeze(1);
+    auto logits = net.forward(idx)[-1][0];  // the last position's scores
+    auto probs = torch::softmax(logits / temperature, 0);
+    const int64_t next = torch::multinomial(probs, 1, false, gen).item<int64_t>();
+    tokens.push_back(next);
+    out.push_back(static_cast<char>(next));
+  }
+  return out;
+}
+
+int train(const Args& a, hasten::Options options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  // Before the Accelerator: a missing corpus is reported at once, not after a rendezvous.
+  const ex::Corpus corpus = ex::load_fortunes(a.data_dir, a.files, a.val_fraction);
+  const double entropy = ex::unigram_entropy(corpus.train_text);
+  const auto train_windows = ex::byte_windows(corpus.train_text, a.context);
+  const auto val_windows = ex::byte_windows(corpus.val_text, a.context, a.val_windows);
+  if (train_windows.size(0) == 0 || val_windows.size(0) == 0)
+    throw ex::CorpusRequestError("--context " + std::to_string(a.context) +
+                                 " is longer than the chosen files' training or validation text (" +
+                                 std::to_string(corpus.train_text.size()) + " and " +
+                                 std::to_string(corpus.val_text.size()) + " bytes)");
+  if (a.resume) options.resume = "auto";
+  options.gradient_accumulation_steps = static_cast<int>(a.accumulation);
+  hasten::Accelerator acc(options);  // hasten
+  torch::set_num_threads(a.threads);
+  torch::manual_seed(a.seed);
+  // Sharding strategies gather and free one encoder layer at a time.
+  const bool units = acc.strategy() == "zero" || acc.strategy() == "fsdp";
+  auto net = std::make_shared<TinyGptImpl>(kVocab, a.context, a.d_model, a.n_head, 4 * a.d_model, a.n_layer, units);
+  if (!a.init_from.empty()) hasten::load_weights(*net, a.init_from);  // hasten: from_pretrained
+  int64_t n_params = 0;  // counted now: under stage 3 the module's parameters are empty after prepare
+  for (const auto& p : net->parameters()) n_params += p.numel();
+
+  // Weight decay on the weight matrices and embeddings, none on biases and layer norms (as
+  // Accelerate's example excludes "bias" and "LayerNorm.weight").
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : net->named_parameters())
+    (ends_with(p.key(), "bias") || p.key().find("norm") != std::string::npos ? no_decay : decay).push_back(p.value());
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
+                                 torch::optim::AdamWOptions(a.lr).weight_decay(a.weight_decay)));
+  groups.emplace_back(no_decay,
+                      std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(a.lr).weight_decay(0.0)));
+  torch::optim::AdamW adamw(std::move(groups), torch::optim::AdamWOptions(a.lr).weight_decay(a.weight_decay));
+
+  using torch::indexing::Slice;
+  hasten::DataLoader train_data(
+      hasten::TensorDataset(train_windows.index({Slice(), Slice(0, -1)}), train_windows.index({Slice(), Slice(1)})),
+      {.batch_size = a.batch_size, .shuffle = true, .seed = a.seed});
+  hasten::DataLoader val_data(
+      hasten::TensorDataset(val_windows.index({Slice(), Slice(0, -1)}), val_windows.index({Slice(), Slice(1)})),
+      {.batch_size = a.eval_batch_size});
+  auto [model, opt, train_loader, val_loader] = acc.prepare(net, adamw, train_data, val_data);  // hasten
+
+  // Optimizer steps this process takes: per epoch its batches over the accumulation, rounded
+  // up (the last batch of an epoch always steps).
+  const int64_t accum = acc.gradient_accumulation_steps();
+  const int64_t steps_per_epoch = (static_cast<int64_t>(train_loader.size()) + accum - 1) / accum;
+  int64_t total_steps = a.epochs * steps_per_epoch;
+  if (a.max_steps > 0) total_steps = std::min(total_steps, a.max_steps);
+  const int64_t warmup = a.warmup_steps >= 0 ? a.warmup_steps : total_steps / 10;
+  // A run of no steps (--epochs 0: evaluate loaded weights) still builds a valid schedule.
+  auto cosine = hasten::schedulers::cosine_with_warmup(adamw, warmup, std::max(total_steps, warmup + 1));
+  auto schedule = acc.prepare(cosine);  // hasten
+
+  const bool tracking = !acc.config().trackers.empty();
+  if (tracking)
+    acc.init_trackers("char-lm", {{"lr", a.lr},
+                                  {"weight_decay", a.weight_decay},
+                                  {"batch_size", a.batch_size},
+                                  {"gradient_accumulation_steps", accum},
+                                  {"context", a.context},
+                                  {"d_model", a.d_model},
+                                  {"n_layer", a.n_layer},
+                                  {"max_steps", a.max_steps},
+                                  {"num_processes", int64_t{acc.num_processes()}},
+                                  {"strategy", acc.strategy()},
+                                  {"mixed_precision", acc.mixed_precision()},
+                                  {"init_from", a.init_from}});
+  Progress progress;
+  acc.register_for_checkpointing(progress);
+  const std::string resumed_from = acc.resumed_from();  // applies resume: auto now
+  if (!a.json) {
+    acc.print("corpus: ", corpus.files.size(), " file(s), ", corpus.fortunes, " fortunes (", corpus.val_fortunes,
+              " held out), ", corpus.train_text.size(), " training bytes, unigram entropy ", entropy, " nats/char");
+    acc.print("model: ", a.n_layer, " layers, width ", a.d_model, ", context ", a.context, ", ",
+              n_params,
+              " parameters; ", total_steps, " optimizer steps of ", a.batch_size * accum * acc.num_processes(),
+              " windows; ", acc.strategy(), ", ", acc.mixed_precision());
+    if (!resumed_from.empty())
+      acc.print("resumed from ", resumed_from, " at epoch ", progress.epoch, ", step ", progress.step);
+  }
+
+  const int64_t per_step = a.batch_size * accum * acc.num_processes();  // windows per optimizer step
+  double train_s = 0;  // in the training loops only: samples/s leaves evaluation and saving out
+  int64_t steps_this_run = 0;
+  Eval last;
+  std::string checkpoint;
+  const auto limit_reached = [&] { return a.max_steps > 0 && progress.step >= a.max_steps; };
+  double loss_sum = 0;  // this window's micro-batch losses
+  int64_t micro = 0;
+  while (progress.epoch < a.epochs && !limit_reached()) {
+    int64_t total = steps_per_epoch;
+    if (a.max_steps > 0) total = std::min(total, a.max_steps - progress.step);
+    hasten::ProgressOptions po;
+    po.description = "epoch " + std::to_string(progress.epoch + 1) + "/" + std::to_string(a.epochs);
+    po.enabled = acc.is_local_main_process() && !a.quiet && !a.json;
+    hasten::ProgressBar bar(total, po);
+    bool stopped = false;
+    auto t_train = std::chrono::steady_clock::now();
+    for (auto& batch : train_loader) {
+      auto scope = acc.accumulate(model);  // hasten
+      const auto x = batch.input.t(), y = batch.target.t();
+      auto loss = lm_loss(model(x), y);  // the prepared model's forward runs under bf16 autocast
+      acc.backward(loss);  // hasten: instead of loss.backward(); divides by the window's length
+      loss_sum += loss.item<double>(), ++micro;
+      double grad_norm = 0;
+      if (acc.sync_gradients()) grad_norm = acc.clip_grad_norm_(model, a.max_grad_norm);  // hasten
+      opt.step();  // no-ops on accumulation micro-batches
+      schedule.step();
+      opt.zero_grad();
+      if (!acc.sync_gradients()) continue;
+      ++progress.step, ++steps_this_run;
+      const double l = loss_sum / static_cast<double>(micro);
+      loss_sum = 0, micro = 0;
+      bar.set("loss", l);
+      bar.update(1, per_step);
+      if (tracking && a.log_every > 0 && progress.step % a.log_every == 0)
+        acc.log({{"train_loss", l}, {"grad_norm", grad_norm}, {"lr", schedule->get_last_lr().front()}}, progress.step);
+      stopped = limit_reached();
+      // Saved inside the loop, the loader's position is kept: --resume continues mid-epoch.
+      if ((a.checkpoint_every > 0 && progress.step % a.checkpoint_every == 0) || stopped) {
+        train_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_train).count();
+        checkpoint = acc.save_state();  // hasten: <project_dir>/checkpoints/checkpoint_<N>
+        t_train = std::chrono::steady_clock::now();
+      }
+      if (stopped) break;
+    }
+    train_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_train).count();
+    bar.close();
+    last = evaluate(acc, model, val_loader);
+    if (!stopped) ++progress.epoch;
+    if (!a.json)
+      acc.print(stopped ? "stopped in epoch " : "epoch ", stopped ? progress.epoch + 1 : progress.epoch, "/", a.epochs,
+                ": validation loss ", last.loss, " nats/char over ", last.count, " windows, step ", progress.step);
+    if (tracking) acc.log({{"val_loss", last.loss}, {"epoch", double(progress.epoch)}}, progress.step);
+    if (!stopped) checkpoint = acc.save_state();  // hasten: one per epoch
+  }
+  if (last.count == 0) last = evaluate(acc, model, val_loader);  // nothing trained in this run
+  if (tracking) acc.end_training();
+  if (!a.save_model.empty()) acc.save_model(model, a.save_model);  // hasten: HF layout, for --init_from
+
+  // The full weights on the main process (every rank takes part: sharded strategies gather),
+  // for the checksum and for sampling from a plain float32 copy of the model.
+  const auto state = acc.get_state_dict(model);  // hasten
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double samples_per_s = train_s > 0 ? static_cast<double>(steps_this_run * per_step) / train_s : 0.0;
+  if (!acc.is_main_process()) return 0;
+  const std::string checksum = hasten::param_checksum(state);
+  std::string sample;
+  if (a.sample_chars > 0) {
+    auto plain = std::make_shared<TinyGptImpl>(kVocab, a.context, a.d_model, a.n_head, 4 * a.d_model, a.n_layer, false);
+    auto params = plain->named_parameters();
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, tensor] : state) params[name].copy_(tensor);
+    // Fortunes follow a line holding only "%": start there, then the prompt.
+    sample = a.prompt + generate(*plain, "%\n" + a.prompt, a.context, a.sample_chars, a.temperature, a.seed);
+  }
+  if (a.json) {
+    nlohmann::ordered_json j{{"val_loss", last.loss},
+                             {"unigram_entropy", entropy},
+                             {"val_windows", last.count},
+                             {"train_bytes", corpus.train_text.size()},
+                             {"val_bytes", corpus.val_text.size()},
+                             {"files", corpus.files},
+                             {"epochs", progress.epoch},
+                             {"steps", progress.step},
+                             {"seconds", seconds},
+                             {"train_seconds", train_s},
+                             {"samples_per_s", samples_per_s},
+                             {"chars_per_s", samples_per_s * static_cast<double>(a.context)},
+                             {"num_processes", acc.num_processes()},
+                             {"strategy", acc.strategy()},
+                             {"mixed_precision", acc.mixed_precision()},
+                             {"param_checksum", checksum},
+                             {"checkpoint", checkpoint},
+                             {"resumed_from", resumed_from},
+                             {"init_from", a.init_from},
+                             {"sample", sample}};
+    // Sampled bytes need not be UTF-8: replace what is not, rather than throw.
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+  } else {
+    if (!sample.empty()) std::cout << "--- sample (seed " << a.seed << ", temperature " << a.temperature << ")\n" << sample << "\n---\n";
+    std::cout << "done: validation loss " << last.loss << " nats/char (unigram entropy " << entropy << ") after "
+              << progress.step << " steps, " << std::llround(samples_per_s) << " samples/s, " << seconds << " s"
+              << std::endl;
+  }
+  return 0;
+}
+
+// CLI11's own range checks print the type's whole range; these say what is allowed in words.
+CLI::Validator whole_number(int64_t min) {
+  return CLI::Validator(
+      [min](std::string& s) -> std::string {
+        try {
+          size_t used = 0;
+          if (std::stoll(s, &used) >= min && used == s.size()) return {};
+        } catch (const std::exception&) {
+        }
+        return "expects a whole number >= " + std::to_string(min) + ", got '" + s + "'";
+      },
+      "INT>=" + std::to_string(min));
+}
+
+// A number in (lo, hi) (hi < 0: no upper bound).
+CLI::Validator real_in(double lo, double hi) {
+  const std::string range = hi < 0 ? "> " + CLI::detail::to_string(lo) : "in (" + CLI::detail::to_string(lo) + ", " + CLI::detail::to_string(hi) + ")";
+  return CLI::Validator(
+      [lo, hi, range](std::string& s) -> std::string {
+        try {
+          size_t used = 0;
+          const double v = std::stod(s, &used);
+          if (used == s.size() && v > lo && (hi < 0 || v < hi)) return {};
+        } catch (const std::exception&) {
+        }
+        return "expects a number " + range + ", got '" + s + "'";
+      },
+      "NUMBER");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{"hasten-char-lm: train a character-level GPT on the fortunes corpus through hasten"};
+  app.add_option("--epochs", a.epochs, "Passes over the training text (0: only evaluate and sample the initial weights)")
+      ->check(whole_number(0));
+  app.add_option("--max_steps,--max-steps", a.max_steps, "Stop after this many optimizer steps in all (0: no limit)")
+      ->check(whole_number(0));
+  app.add_option("--batch_size,--batch-size", a.batch_size, "Per-process micro-batch, in windows of --context bytes")
+      ->check(whole_number(1));
+  app.add_option("--eval_batch_size,--eval-batch-size", a.eval_batch_size, "Per-process batch of the validation")
+      ->check(whole_number(1));
+  app.add_option("--gradient_accumulation_steps,--gradient-accumulation-steps", a.accumulation,
+                 "Micro-batches per optimizer step")
+      ->check(whole_number(1));
+  app.add_option("--context", a.context, "Bytes of context the model sees")->check(whole_number(1));
+  app.add_option("--d_model,--d-model", a.d_model, "Width of the transformer")->check(whole_number(1));
+  app.add_option("--n_layer,--n-layer", a.n_layer, "Encoder layers")->check(whole_number(1));
+  app.add_option("--n_head,--n-head", a.n_head, "Attention heads (must divide --d_model)")->check(whole_number(1));
+  app.add_option("--lr", a.lr, "AdamW's peak learning rate")->check(real_in(0, -1));
+  app.add_option("--weight_decay,--weight-decay", a.weight_decay, "AdamW's weight decay (not on biases and norms)")
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            try {
+              size_t used = 0;
+              if (std::stod(s, &used) >= 0 && used == s.size()) return {};
+            } catch (const std::exception&) {
+            }
+            return "expects a number >= 0, got '" + s + "'";
+          },
+          "NUMBER>=0"));
+  app.add_option("--warmup_steps,--warmup-steps", a.warmup_steps,
+                 "Linear warmup before the cosine decay, in optimizer steps (default: a tenth of them)")
+      ->check(whole_number(0));
+  app.add_option("--max_grad_norm,--max-grad-norm", a.max_grad_norm, "Clip the gradients' global norm on every step")
+      ->check(real_in(0, -1));
+  app.add_option("--val_fraction,--val-fraction", a.val_fraction, "Fraction of the fortunes held out, evenly spread")
+      ->check(real_in(0, 1));
+  app.add_option("--val_windows,--val-windows", a.val_windows,
+                 "Validation windows, evenly spaced over the held-out text (0: all)")
+      ->check(whole_number(0));
+  app.add_option("--seed", a.seed, "Seed of the initial weights, the shuffle order and the sampling");
+  app.add_option("--threads", a.threads, "Intra-op threads per process")->check(whole_number(1));
+  app.add_option("--log_every,--log-every", a.log_every, "Log loss, gradient norm and lr every N steps (0: off)")
+      ->check(whole_number(0));
+  app.add_option("--checkpoint_every,--checkpoint-every", a.checkpoint_every,
+                 "Also save a checkpoint every N optimizer steps (0: at the end of each epoch and of the run only)")
+      ->check(whole_number(0));
+  app.add_option("--sample_chars,--sample-chars", a.sample_chars, "Bytes of text to generate at the end (0: none)")
+      ->check(whole_number(0));
+  app.add_option("--temperature", a.temperature, "Sampling temperature")->check(real_in(0, -1));
+  app.add_option("--prompt", a.prompt, "Text the generated fortune starts with");
+  app.add_option("--data_dir,--data-dir", a.data_dir, "Directory of the fortune files");
+  app.add_option("--files", a.files, "Corpus files to use, by name (default: all); comma-separated or repeated")
+      ->delimiter(',');
+  app.add_option("--init_from,--init-from", a.init_from,
+                 "Start from weights written by save_model (a directory or .safetensors file) or a checkpoint");
+  app.add_option("--save_model,--save-model", a.save_model, "Write the final weights here (save_model)");
+  std::string project_dir, config_file, mp = "bf16", strategy;
+  std::vector<std::string> trackers, sets;
+  app.add_option("--project_dir,--project-dir", project_dir,
+                 "Checkpoints (<dir>/checkpoints) and tracker logs (<dir>/hasten_logs); default: the config's");
+  app.add_flag("--resume", a.resume, "Continue from the newest complete checkpoint under <project_dir>, if any");
+  app.add_flag("--json", a.json, "Print only a JSON summary line (main process)");
+  app.add_flag("--quiet", a.quiet, "No progress bar");
+  app.add_option("--config_file,--config-file", config_file, "hasten config file");
+  app.add_option("--mixed_precision,--mixed-precision", mp, "no, bf16 or fp16 (set in code: overrides the config's)")
+      ->capture_default_str();
+  app.add_option("--strategy", strategy, "Strategy plugin (single, ddp, zero1-3, fsdp...)");
+  app.add_option("--trackers,--log_with", trackers, "Tracker plugins (e.g. csv jsonl)");
+  app.add_option("--set", sets, "Any config key, KEY=VALUE (repeatable)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "hasten-char-lm: error: " << e.what() << " (see --help)" << std::endl;
+    return 2;
+  }
+  if (a.d_model % a.n_head != 0) {
+    std::cerr << "hasten-char-lm: error: --n_head " << a.n_head << " does not divide --d_model " << a.d_model
+              << " (each head gets d_model / n_head dimensions)" << std::endl;
+    return 2;
+  }
+  hasten::Options options;
+  for (const auto& kv : sets) {
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos) {
+      std::cerr << "hasten-char-lm: error: --set expects KEY=VALUE, got '" << kv << "'" << std::endl;
+      return 2;
+    }
+    options.set.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  if (!project_dir.empty()) options.project_dir = project_dir;
+  if (!config_file.empty()) options.config_file = config_file;
+  options.mixed_precision = mp;
+  if (!strategy.empty()) options.strategy = strategy;
+  if (!trackers.empty()) options.trackers = trackers;
+  try {
+    return train(a, options);
+  } catch (const ex::CorpusMissing& e) {
+    std::cerr << "hasten-char-lm: error: " << e.what() << std::endl;
+    return 3;
+  } catch (const ex::CorpusRequestError& e) {
+    std::cerr << "hasten-char-lm: error: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "hasten-char-lm: error: " << e.what() << std::endl;
+    return 1;
+  }
+}
