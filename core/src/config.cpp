@@ -188,6 +188,7 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
   for (auto& t : merged["plugin_path"]) c.plugin_path.push_back(t.get<std::string>());
   c.precision_options = merged["precision_options"].dump();
   c.tracker_options = merged["tracker_options"].dump();
+  c.trackers_in_process = merged["trackers_in_process"].get<bool>();
   c.comm_options = merged["comm_options"].dump();
 
   // Cross-key checks.

@@ -3,19 +3,24 @@
 //   init_trackers("trk", {lr: 0.001, model: "mlp", layers: 3, bf16: false})
 //   steps 1..5: loss = 1/step and acc = step/10; step 3's loss is NaN, step 4's acc is +inf
 //   log_text("notes", "hello **tracker**", 2)
-//   then end_training(), or with --fail an exception leaves main before end_training.
+//   then end_training(), or with --fail an exception leaves main before end_training;
+//   with --hold FILE it first waits (idle, logging nothing) until FILE exists.
 #include <hasten/hasten.hpp>
 
+#include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 int main(int argc, char** argv) {
-  const bool fail = argc > 1 && std::string(argv[1]) == "--fail";
-  if (argc > 2 || (argc == 2 && !fail)) {
-    std::cerr << "hasten-test-trackers: error: the only flag is --fail" << std::endl;
+  const bool fail = argc == 2 && std::string(argv[1]) == "--fail";
+  const bool hold = argc == 3 && std::string(argv[1]) == "--hold";
+  if (argc > 1 && !fail && !hold) {
+    std::cerr << "hasten-test-trackers: error: the flags are --fail and --hold FILE" << std::endl;
     return 2;
   }
   try {
@@ -27,6 +32,10 @@ int main(int argc, char** argv) {
       acc.log({{"loss", loss}, {"acc", acc_value}}, step);
       if (step == 2) acc.log_text("notes", "hello **tracker**", step);
       if (fail && step == 5) throw std::runtime_error("injected failure after step 5");
+    }
+    if (hold) {
+      std::cout << "trackers: holding" << std::endl;
+      while (!std::filesystem::exists(argv[2])) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     acc.end_training();
     std::cout << "trackers: done" << std::endl;
