@@ -90,8 +90,10 @@ class IsolatedTracker final : public RunningTracker {
     const std::string program = fs::read_symlink("/proc/self/exe", ec).string();
     w.str(selection.info->file).str(selection.info->name).str(options).str(log_level).str(program);
     w.i32(p.rank).i32(p.world_size).i32(p.local_rank).i32(p.local_world_size).i32(p.node_rank).i32(p.num_nodes);
-    request(w, "create", Msg::Created);
+    send(w, "create");
   }
+
+  void wait_created() override { reply("create", Msg::Created); }
 
   ~IsolatedTracker() override {
     if (pid_ <= 0) return;

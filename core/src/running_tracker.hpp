@@ -21,6 +21,9 @@ class RunningTracker {
  public:
   virtual ~RunningTracker() = default;
   virtual const std::string& name() const = 0;
+  // Waits until the tracker is created (isolated: its host answered create). Host processes
+  // start in parallel: init_trackers starts them all before waiting for the first.
+  virtual void wait_created() {}
   virtual void start(const std::string& project, const std::string& logging_dir, const std::string& hparams_json,
                      int rank) = 0;
   virtual void log_scalars(const std::vector<std::pair<std::string, double>>& values, int64_t step) = 0;
@@ -40,9 +43,10 @@ class TrackerDied : public PluginError {
 std::unique_ptr<RunningTracker> make_in_process_tracker(const PluginSelection& selection, const hasten_host_api* host,
                                                         const std::string& options_json);
 
-// Starts a host process for the tracker and creates it there. A create() that returns an
-// error throws PluginError with the plugin's message; a host that dies or cannot be started
-// throws TrackerDied naming the tracker and how it ended.
+// Starts a host process for the tracker and asks it to create the tracker; wait_created()
+// then throws PluginError with the plugin's message for a create() that returned an error, and
+// TrackerDied naming the tracker and how it ended for a host that died (as does this function
+// for a host that cannot be started).
 std::unique_ptr<RunningTracker> make_isolated_tracker(const PluginSelection& selection, const std::string& options_json,
                                                       const ProcessInfo& process, const std::string& log_level);
 

@@ -61,6 +61,15 @@ void Engine::init_trackers(const std::string& project, const std::string& hparam
                          e.what());
     }
   }
+  for (auto it = trackers.begin(); it != trackers.end();) {
+    try {
+      (*it)->wait_created();
+      ++it;
+    } catch (const TrackerDied& e) {
+      get_logger()->warn("tracker '{}' stopped at create, training goes on without it: {}", (*it)->name(), e.what());
+      it = trackers.erase(it);
+    }
+  }
   if (trackers.empty()) return;
   const fs::path dir = fs::path(s.config.effective_logging_dir()) / project;
   std::error_code ec;
