@@ -229,6 +229,7 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
   for (auto& t : merged["plugin_path"]) c.plugin_path.push_back(t.get<std::string>());
   c.precision_options = merged["precision_options"].dump();
   c.tracker_options = merged["tracker_options"].dump();
+  c.trackers_in_process = merged["trackers_in_process"].get<bool>();
   {
     // Keyed by device type when any key is one (the shape of `comm`); otherwise the whole
     // mapping belongs to the CPU backend, as before per-device options existed.

@@ -73,6 +73,9 @@ const Schema& core_schema() {
        "Accelerate's name for trackers (a list, or all); setting both to different lists is an error"},
       {"tracker_options", T::Map, json::object(), {}, {}, {},
        "Per-tracker options keyed by the tracker as trackers names it or by its plugin name (another key is an error)"},
+      {"trackers_in_process", T::Bool, false, {}, {}, {},
+       "Run tracker plugins inside the training process (default: each in a host process of its own, so that a "
+       "crashing tracker is reported and dropped instead of ending the run)"},
       {"comm", T::Any, "auto", {}, {}, {},
        "Comm backend per device type: a name or path for CPU tensors, or a mapping {cpu: X, cuda: Y}; "
        "auto picks the serving plugin of highest priority that fits the run"},

@@ -24,7 +24,7 @@
 #include "host_api.hpp"
 #include "precision_instance.hpp"
 #include "strategy_instance.hpp"
-#include "tracker_instance.hpp"
+#include "running_tracker.hpp"
 
 namespace torch::autograd {
 struct Node;
@@ -91,7 +91,7 @@ struct Engine::Impl {
   std::unique_ptr<PrecisionInstance> precision;
   bool precision_autocast = false;
   bool unit_events = false;  // the strategy wants unit forward events
-  std::vector<std::unique_ptr<TrackerInstance>> trackers;
+  std::vector<std::unique_ptr<RunningTracker>> trackers;
   std::vector<ModelEntry> models;
   std::vector<OptimizerEntry> optimizers;
   std::vector<SchedulerEntry> schedulers;

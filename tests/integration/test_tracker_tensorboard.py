@@ -1,11 +1,15 @@
 """Tracker tensorboard: the event files decode with a reader built from protobuf and the
 project's .proto subset, every CRC checks, and the logged scalars (a NaN and an inf among
 them), the text and the HParams session come back; a corrupted byte is caught; a second run
-gets its own run directory; a run that ends by an error is a failed session."""
+gets its own run directory; a run that ends by an error is a failed session; buffered records
+reach the disk after flush_secs while the run is idle (no log call)."""
 import glob
+import json
 import math
 import os
+import subprocess
 import tempfile
+import time
 
 import harness as h
 import tfevents
@@ -120,4 +124,35 @@ with tempfile.TemporaryDirectory() as logs:
               == hparams_pb2.STATUS_FAILURE]
     if len(failed) != 1:
         h.fail(f"expected one failed session among {dirs}")
+
+# The flush timer: with a queue far longer than the run, the last steps reach the disk only
+# because flush_secs passed, while the program waits idle before end_training.
+with tempfile.TemporaryDirectory() as logs:
+    release = os.path.join(logs, "release")
+    env = dict(os.environ, HASTEN_LOG_WITH="tensorboard", HASTEN_LOGGING_DIR=logs,
+               HASTEN_TRACKER_OPTIONS=json.dumps({"tensorboard": {"flush_secs": 1, "max_queue": 1000}}))
+    proc = subprocess.Popen([WORKER, "--hold", release], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        if proc.stdout.readline().strip() != "trackers: holding":
+            h.fail(f"--hold: the program did not reach its idle wait:\n{proc.stderr.read()}")
+        steps = []
+        deadline = time.monotonic() + 120  # generous: only a missing flush should reach it
+        while time.monotonic() < deadline:
+            files = glob.glob(os.path.join(logs, "trk", "tensorboard", "*", "events.out.tfevents.*"))
+            try:
+                evs = tfevents.events(files[0], event_pb2) if len(files) == 1 else []
+            except ValueError:
+                evs = []  # read while a record was being written
+            steps = sorted({e.step for e in evs for v in e.summary.value if v.tag == "loss"})
+            if steps == [1, 2, 3, 4, 5]:
+                break
+            time.sleep(0.2)
+        if steps != [1, 2, 3, 4, 5]:
+            h.fail(f"flush_secs: the idle run's file holds loss steps {steps}, expected [1, 2, 3, 4, 5] on disk")
+    finally:
+        open(release, "w").close()
+        out, err = proc.communicate(timeout=120)
+    if proc.returncode != 0:
+        h.fail(f"--hold run exited {proc.returncode}:\n{err}")
 print("tracker tensorboard: OK")

@@ -3,30 +3,55 @@
 //   init_trackers("trk", {lr: 0.001, model: "mlp", layers: 3, bf16: false})
 //   steps 1..5: loss = 1/step and acc = step/10; step 3's loss is NaN, step 4's acc is +inf
 //   log_text("notes", "hello **tracker**", 2)
-//   then end_training(), or with --fail an exception leaves main before end_training.
+//   then end_training(), or with --fail an exception leaves main before end_training;
+//   with --hold FILE it first waits (idle, logging nothing) until FILE exists.
+// --time N instead logs N calls of four scalars and prints how long the calls took (the
+// per-log cost in docs/trackers.md), end_training's wait for the trackers included.
 #include <hasten/hasten.hpp>
 
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 int main(int argc, char** argv) {
-  const bool fail = argc > 1 && std::string(argv[1]) == "--fail";
-  if (argc > 2 || (argc == 2 && !fail)) {
-    std::cerr << "hasten-test-trackers: error: the only flag is --fail" << std::endl;
+  const bool fail = argc == 2 && std::string(argv[1]) == "--fail";
+  const bool hold = argc == 3 && std::string(argv[1]) == "--hold";
+  const bool timed = argc == 3 && std::string(argv[1]) == "--time";
+  const long calls = timed ? std::strtol(argv[2], nullptr, 10) : 0;
+  if ((argc > 1 && !fail && !hold && !timed) || (timed && calls <= 0)) {
+    std::cerr << "hasten-test-trackers: error: the flags are --fail, --hold FILE and --time N (N >= 1)" << std::endl;
     return 2;
   }
   try {
     hasten::Accelerator acc;
     acc.init_trackers("trk", {{"lr", 0.001}, {"model", std::string("mlp")}, {"layers", int64_t{3}}, {"bf16", false}});
+    if (timed) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (long i = 1; i <= calls; ++i)
+        acc.log({{"loss", 1.0 / i}, {"acc", 0.5}, {"lr", 1e-3}, {"grad_norm", 2.0}}, i);
+      const auto t1 = std::chrono::steady_clock::now();
+      acc.end_training();
+      const auto t2 = std::chrono::steady_clock::now();
+      std::cout << "logged " << calls << " calls in " << std::chrono::duration<double>(t1 - t0).count()
+                << " s, end_training " << std::chrono::duration<double>(t2 - t1).count() << " s" << std::endl;
+      return 0;
+    }
     for (int64_t step = 1; step <= 5; ++step) {
       const double loss = step == 3 ? std::numeric_limits<double>::quiet_NaN() : 1.0 / static_cast<double>(step);
       const double acc_value = step == 4 ? std::numeric_limits<double>::infinity() : static_cast<double>(step) / 10.0;
       acc.log({{"loss", loss}, {"acc", acc_value}}, step);
       if (step == 2) acc.log_text("notes", "hello **tracker**", step);
       if (fail && step == 5) throw std::runtime_error("injected failure after step 5");
+    }
+    if (hold) {
+      std::cout << "trackers: holding" << std::endl;
+      while (!std::filesystem::exists(argv[2])) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     acc.end_training();
     std::cout << "trackers: done" << std::endl;

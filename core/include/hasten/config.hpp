@@ -67,6 +67,7 @@ struct Config {
   std::string precision_options = "{}";
   std::vector<std::string> trackers;
   std::string tracker_options = "{}";  // JSON object keyed by tracker name
+  bool trackers_in_process = false;    // false: each tracker in a host process of its own
   std::string comm = "auto";  // the CPU backend (comm_backends["cpu"] or auto)
   // Config key `comm` per device type ("cpu", "cuda"): a plugin name, a path or "auto"; a
   // device type not listed is auto.

@@ -1,7 +1,9 @@
 // Tracker "jsonl": metrics.jsonl in the run's logging directory, one JSON object per line,
 // flushed per line:
 //   {"type":"hparams","time":T,"project":P,"hparams":{...}}
-//   {"type":"metrics","step":S,"time":T,"loss":0.5,...}   (non-finite numbers are null)
+//   {"type":"metrics","step":S,"time":T,"loss":0.5,...}
+//     (NaN and infinities as the bare tokens NaN, Infinity and -Infinity, which Python's
+//      json module writes and reads back as the same floats; strict JSON has no spelling)
 //   {"type":"text","step":S,"time":T,"name":N,"text":X}
 //   {"type":"end","time":T,"status":"ok"|"failed"}
 // C tier: no LibTorch.
@@ -42,14 +44,18 @@ class JsonlTracker final : public hasten::sdk::Tracker {
   }
 
   void log_scalars(const hasten_scalar* values, uint32_t n, int64_t step) override {
-    ordered_json line = {{"type", "metrics"}};
-    if (step >= 0) line["step"] = step;
-    line["time"] = now();
+    // Written member by member: nlohmann-json would turn a non-finite value into null.
+    ordered_json head = {{"type", "metrics"}};
+    if (step >= 0) head["step"] = step;
+    head["time"] = now();
+    std::string line = head.dump();
+    line.pop_back();  // the closing brace
     for (uint32_t i = 0; i < n; ++i) {
       const double v = values[i].value;
-      line[values[i].name] = std::isfinite(v) ? ordered_json(v) : ordered_json(nullptr);
+      line += ',' + ordered_json(values[i].name).dump() + ':';
+      line += std::isnan(v) ? "NaN" : std::isinf(v) ? (v > 0 ? "Infinity" : "-Infinity") : ordered_json(v).dump();
     }
-    write(line);
+    write(line + '}');
   }
 
   void log_text(const char* name, const char* text, int64_t step) override {
@@ -70,10 +76,11 @@ class JsonlTracker final : public hasten::sdk::Tracker {
   }
 
  private:
-  void write(const ordered_json& line) {
+  void write(const ordered_json& line) { write(line.dump()); }
+  void write(const std::string& line) {
     if (!out_.is_open())
       throw hasten::sdk::Error(HASTEN_ERR_INVALID_USAGE, "jsonl tracker: log before start");
-    out_ << line.dump() << '\n';
+    out_ << line << '\n';
     out_.flush();
     if (!out_) throw hasten::sdk::Error(HASTEN_ERR_SYSTEM, "cannot write " + path_);
   }

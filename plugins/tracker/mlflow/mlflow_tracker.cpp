@@ -29,7 +29,10 @@ std::string user_name() {
   return "unknown";
 }
 
+// The training program: this process, or the one a tracker host process serves (which
+// names it in HASTEN_TRAINING_PROGRAM; see docs/plugin-abi.md).
 std::string program_path() {
+  if (const char* p = std::getenv("HASTEN_TRAINING_PROGRAM"); p && *p) return p;
   std::error_code ec;
   auto p = fs::read_symlink("/proc/self/exe", ec);
   return ec ? std::string() : p.string();

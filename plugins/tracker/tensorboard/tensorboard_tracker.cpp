@@ -4,18 +4,23 @@
 // the brain.Event:2 header, scalars as simple_value, text for the text plugin, and the
 // HParams plugin's session start (hyperparameters) and end (status) so the HPARAMS tab lists
 // the run. Records are buffered and written every max_queue records, every flush_secs
-// seconds (checked when something is logged), on flush() and at the end.
+// seconds (by a timer thread, so that an idle run's last records reach the disk too), on
+// flush() and at the end.
 // C tier: libprotobuf and nlohmann-json, no LibTorch.
 #include <hasten/plugin.hpp>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
 #include <cstring>
 #include <ctime>
 #include <string>
+#include <thread>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -72,6 +77,7 @@ class TensorboardTracker final : public hasten::sdk::Tracker {
   }
 
   ~TensorboardTracker() override {
+    stop_timer();
     // Destroyed without finish(): the run did not reach end_training, which the engine only
     // skips when training ended by an error; the HPARAMS tab shows the session as failed.
     if (!writer_.is_open()) return;
@@ -84,6 +90,7 @@ class TensorboardTracker final : public hasten::sdk::Tracker {
   }
 
   void start(const hasten_tracker_run& run) override {
+    std::lock_guard<std::mutex> lock(mutex_);
     const std::string host = hostname();
     const std::string root = std::string(run.logging_dir) + "/tensorboard";
     make_dir(root, false);
@@ -118,9 +125,11 @@ class TensorboardTracker final : public hasten::sdk::Tracker {
     start->set_start_time_secs(now());
     write_plugin_event("_hparams_/session_start_info", data);
     writer_.flush();  // the run appears in TensorBoard as soon as it starts
+    if (flush_secs_ > 0) timer_ = std::thread([this] { flush_periodically(); });
   }
 
   void log_scalars(const hasten_scalar* values, uint32_t n, int64_t step) override {
+    std::lock_guard<std::mutex> lock(mutex_);
     tb::Event event = stamped(step);
     for (uint32_t i = 0; i < n; ++i) {
       auto* v = event.mutable_summary()->add_value();
@@ -133,6 +142,7 @@ class TensorboardTracker final : public hasten::sdk::Tracker {
   }
 
   void log_text(const char* name, const char* text, int64_t step) override {
+    std::lock_guard<std::mutex> lock(mutex_);
     tb::Event event = stamped(step);
     auto* v = event.mutable_summary()->add_value();
     v->set_tag(name);
@@ -145,9 +155,15 @@ class TensorboardTracker final : public hasten::sdk::Tracker {
     maybe_flush();
   }
 
-  void flush() override { writer_.flush(); }
+  void flush() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    report_timer_error();
+    writer_.flush();
+  }
 
   void finish(hasten_status status) override {
+    stop_timer();
+    std::lock_guard<std::mutex> lock(mutex_);
     if (!writer_.is_open()) return;
     end_session(status == HASTEN_OK ? tb::STATUS_SUCCESS : tb::STATUS_FAILURE);
     writer_.close();
@@ -162,7 +178,42 @@ class TensorboardTracker final : public hasten::sdk::Tracker {
     return event;
   }
 
+  // Runs from start() to finish(): writes what is buffered every flush_secs, whether or not
+  // anything was logged since. A failed write is reported by the next call.
+  void flush_periodically() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stopping_) {
+      // Until flush_secs after the last write (a log call may have written since).
+      timer_wake_.wait_for(lock, std::chrono::duration<double>(std::max(0.01, flush_secs_ - (now() - last_flush_))));
+      if (stopping_ || !timer_error_.empty() || now() - last_flush_ < flush_secs_) continue;
+      try {
+        writer_.flush();
+        last_flush_ = now();
+      } catch (const std::exception& e) {
+        timer_error_ = e.what();
+      }
+    }
+  }
+
+  void stop_timer() {
+    if (!timer_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    timer_wake_.notify_all();
+    timer_.join();
+  }
+
+  void report_timer_error() {
+    if (timer_error_.empty()) return;
+    std::string message;
+    message.swap(timer_error_);
+    throw Error(HASTEN_ERR_SYSTEM, message);
+  }
+
   void write(const tb::Event& event) {
+    report_timer_error();
     if (!writer_.is_open()) throw Error(HASTEN_ERR_INVALID_USAGE, "tensorboard tracker: log before start");
     std::string bytes;
     if (!event.SerializeToString(&bytes))
@@ -202,13 +253,20 @@ class TensorboardTracker final : public hasten::sdk::Tracker {
   std::string run_dir_;
   double last_flush_ = 0;
   hasten::tensorboard::RecordWriter writer_;
+  // The timer thread shares the writer with the tracker's calls.
+  std::mutex mutex_;
+  std::condition_variable timer_wake_;
+  bool stopping_ = false;
+  std::string timer_error_;
+  std::thread timer_;
 };
 
 using hasten::sdk::OptionSpec;
 
 // PyTorch SummaryWriter's defaults.
 constexpr hasten_option_spec kOptions[] = {
-    OptionSpec("flush_secs", HASTEN_OPTION_FLOAT, "Write buffered events when this many seconds have passed since the last write")
+    OptionSpec("flush_secs", HASTEN_OPTION_FLOAT,
+               "Write buffered events every this many seconds, logging or not (0: write on every log call)")
         .min(0.0)
         .default_json("120"),
     OptionSpec("max_queue", HASTEN_OPTION_INT, "Write buffered events when this many are waiting").min(1).default_json("10"),
