@@ -3,6 +3,7 @@
 #include <hasten/error.hpp>
 #include <hasten/logging.hpp>
 
+#include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <atomic>
@@ -147,10 +148,30 @@ class TcpStore final : public Store {
   std::string broken_why_;          // written before broken_ is set
 };
 
+// c10d's client logs a line for every failed attempt to connect ("[c10d] The client socket
+// has timed out after 1s while trying to connect to ..."), several a second: a rank that starts
+// before rank 0 printed dozens before hasten said in its own words what it waits for, and the
+// final error says why from c10d's exception. c10d's lines are enabled by c10's log level
+// (c10d::detail::isLogLevelEnabled), so it is raised to fatal-only while connecting.
+class QuietC10dWhileConnecting {
+ public:
+  QuietC10dWhileConnecting() : saved_(FLAGS_caffe2_log_level) {
+    if (saved_ < kFatal) FLAGS_caffe2_log_level = kFatal;
+  }
+  ~QuietC10dWhileConnecting() { FLAGS_caffe2_log_level = saved_; }
+  QuietC10dWhileConnecting(const QuietC10dWhileConnecting&) = delete;
+  QuietC10dWhileConnecting& operator=(const QuietC10dWhileConnecting&) = delete;
+
+ private:
+  static constexpr int kFatal = 3;  // c10's levels: 0 info, 1 warning, 2 error, 3 fatal
+  int saved_;
+};
+
 // Connects to (rank 0: hosts) the store, retrying in short rounds so that a rank waiting for
 // rank 0's store says so every kProgressEvery instead of staying silent until the deadline.
 c10::intrusive_ptr<c10d::TCPStore> open_store(const ProcessInfo& p, c10d::TCPStoreOptions opts, const std::string& where,
                                               int64_t timeout_ms) {
+  const QuietC10dWhileConnecting quiet;
   const auto start = Clock::now();
   const auto deadline = start + Ms(timeout_ms);
   auto next_report = start + kProgressEvery - Ms(500);

@@ -95,6 +95,9 @@ if f"waiting for rank 0's store at 127.0.0.1:{p_nobody}" not in err0 or "of 12)"
     h.fail(f"rank 1 did not say it waits for rank 0's store:\n{err0}")
 if "could not reach rank 0's store" not in err0:
     h.fail(f"rank 1 did not end with an error naming rank 0's store:\n{err0}")
+# c10d's own line for every refused connection attempt is not shown: hasten's lines say it.
+if "[c10d]" in err0:
+    h.fail(f"c10d's connection retry lines reach the user:\n{err0}")
 if f"waiting for rank 1 of 2 at 127.0.0.1:{p_alone} (10 s of 12)" not in err1:
     h.fail(f"rank 0 did not say it waits for rank 1:\n{err1}")
 if "rank 1 of 2 never joined" not in err1:
