@@ -94,6 +94,9 @@ with tempfile.TemporaryDirectory() as d:
     p = h.run(h.hasten("launch", "--dry-run", "--num_processes", "2", "prog", "--flag"), env=env, check=True)
     if "worker rank 1 (local rank 1)" not in p.stdout or "prog --flag" not in p.stdout:
         h.fail("launch --dry-run did not print the plan:\n" + p.stdout)
+    # The plan resolves the config as the workers will (they see WORLD_SIZE 2: data-parallel).
+    if '"strategy": "ddp"' not in p.stdout:
+        h.fail("launch --dry-run --num_processes 2 does not show the workers' strategy (ddp):\n" + p.stdout)
     # A program started under launch trains with the launched config.
     p = h.run(h.hasten("launch", "--mixed_precision", "bf16", os.path.join(h.BIN, "hasten-example"), "--steps", "2",
                        "--warmup", "0", "--json"), env=env, check=True)
