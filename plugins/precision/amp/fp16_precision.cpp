@@ -1,7 +1,8 @@
 // Precision "fp16": forward under CUDA autocast to float16 with dynamic loss scaling.
-// float16 autocast needs a GPU, so a CPU run is refused at prepare, unless
-// precision_options.cpu_scaler_only is true: then the forward stays float32 and only the
-// loss scaler runs (to exercise scaling and step skipping on machines without a GPU).
+// float16 autocast needs a GPU, so a CPU run is refused when the Accelerator learns its device
+// (the check_device slot, called by the Accelerator constructor), unless
+// precision_options.cpu_scaler_only is true: then the forward stays float32 and only the loss
+// scaler runs (to exercise scaling and step skipping on machines without a GPU).
 #include <hasten/plugin.hpp>
 
 #include "autocast.hpp"
