@@ -55,8 +55,13 @@ def die(msg, code=2):
     sys.exit(code)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message):  # one line naming the problem, not the usage block
+        die(f"{message} (see --help)")
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Train hasten-fashion-mnist's CNN on Fashion-MNIST in plain PyTorch.")
+    p = OneLineParser(description="Train hasten-fashion-mnist's CNN on Fashion-MNIST in plain PyTorch.")
     p.add_argument("--epochs", type=int, default=2, help="passes over the 60,000 training images")
     p.add_argument("--max_steps", "--max-steps", type=int, default=0, help="stop after this many optimizer steps (0: no limit)")
     p.add_argument("--batch_size", "--batch-size", type=int, default=64, help="per-process batch size")
