@@ -99,14 +99,15 @@ def fashion_mnist_table(args, records):
              "| side | samples/s | test accuracy | test loss | eval count | train s | hasten / PyTorch samples/s |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     ratio = median([h[r]["samples_per_s"] / t[r]["samples_per_s"] for r in h if r in t and t[r]["samples_per_s"] > 0])
-    for name, side in (("hasten ddp", h), ("PyTorch DDP", t)):
+    ddp = args.fmnist_processes > 1
+    for name, side in (("hasten ddp" if ddp else "hasten", h), ("PyTorch DDP" if ddp else "PyTorch", t)):
         if not side:
             lines.append(f"| {name} | - | - | - | - | - | - |")
             continue
         m = lambda k: median([x[k] for x in side.values()])
         lines.append(f"| {name} | {fmt(m('samples_per_s'), 0)} | {fmt(m('test_accuracy'), 4)} | "
                      f"{fmt(m('test_loss'), 4)} | {'/'.join(str(x['eval_count']) for x in side.values())} | "
-                     f"{fmt(m('train_seconds'))} | {fmt(ratio, 2) if name == 'hasten ddp' else ''} |")
+                     f"{fmt(m('train_seconds'))} | {fmt(ratio, 2) if side is h else ''} |")
     return lines + [""]
 
 
