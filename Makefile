@@ -31,7 +31,8 @@ demo: build
 
 # Not part of `make test` (no timing in tests): hasten vs the plain LibTorch loop vs PyTorch,
 # the table of docs/benchmarks.md. `make bench BENCH_ARGS="--workloads mlp-small --repeats 1"`
-# runs a part of it.
+# runs a part of it; `BENCH_ARGS="--workloads --no-collectives --fashion-mnist --fmnist-max-steps 200
+# --repeats 1"` a short Fashion-MNIST row (hasten DDP vs PyTorch DDP on 2 processes).
 bench: build
 	@if [ -n "$(BENCH_ARGS)" ]; then /usr/bin/python3 scripts/bench.py --build $(BUILD_DIR) $(BENCH_ARGS); \
 	 else bash scripts/bench_all.sh $(BUILD_DIR); fi

@@ -5,6 +5,12 @@ side by side on the workloads of docs/workloads.md, interleaved round by round (
 taken within each round, and writes them with every raw record to <out>/.
 
     /usr/bin/python3 scripts/bench.py --build build [--repeats 3] [--workloads ...] [--modes ...]
+    /usr/bin/python3 scripts/bench.py --build build --workloads --no-collectives --fashion-mnist [--fmnist-max-steps N]
+
+--fashion-mnist adds the real-data row: hasten-fashion-mnist trained with DDP under `hasten
+launch --num_processes 2` against scripts/fashion_mnist_torch.py (the same CNN, data order,
+optimizer and schedule in PyTorch, DistributedDataParallel on Gloo, 2 processes): samples/s of
+the training loops and the final test accuracy of each, interleaved round by round.
 
 Every side runs with the same BLAS settings: one thread per process and the OpenBLAS kernel
 that hasten-bench reports (`hasten-bench --print-blas-env`)."""
@@ -12,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -19,6 +26,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER = os.path.join(ROOT, "tests", "integration", "peers", "torch_peer.py")
+FMNIST_PEER = os.path.join(ROOT, "scripts", "fashion_mnist_torch.py")
 PEER_MODES = {"single", "ddp2", "ddp2-accum4", "bf16"}
 LIBTORCH_MODES = {"single", "bf16"}
 ALL_MODES = ["single", "bf16", "ddp2", "ddp2-accum4", "zero1", "zero2", "zero3", "fsdp"]
@@ -38,7 +46,7 @@ def run_json(cmd, env, log, timeout=3600):
         return []
     out = []
     for line in p.stdout.splitlines():
-        line = line.strip()
+        line = line.strip().removeprefix("[rank 0] ")  # hasten launch prefixes each rank's lines
         if line.startswith("{"):
             out.append(json.loads(line))
     return out
@@ -52,6 +60,57 @@ def fmt(x, digits=1):
     return "-" if x is None or x != x else f"{x:.{digits}f}"
 
 
+def run_fashion_mnist(args, out_dir, env, log, raw):
+    """hasten-fashion-mnist under hasten launch (ddp) and the PyTorch DDP script, the same
+    settings (batch 64 per process, Adam 1e-3 with the half-cosine decay, seed 0, one thread per
+    process), alternating round by round. Returns their JSON summaries."""
+    n = str(args.fmnist_processes)
+    common = ["--epochs", str(args.fmnist_epochs), "--max_steps", str(args.fmnist_max_steps), "--json"]
+    records = []
+    for r in range(args.repeats):
+        project = os.path.join(out_dir, "fashion-mnist", f"round{r}")
+        shutil.rmtree(project, ignore_errors=True)  # a fresh run, not a continuation of an old one
+        hasten_program = [os.path.join(args.build, "bin", "hasten-fashion-mnist"), *common, "--quiet",
+                          "--project_dir", project]
+        if args.fmnist_processes > 1:
+            hasten_cmd = [os.path.join(args.build, "bin", "hasten"), "launch", "--num_processes", n,
+                          "--main_process_port", "0", "--strategy", "ddp", *hasten_program]
+        else:
+            hasten_cmd = hasten_program
+        sides = [("hasten", hasten_cmd),
+                 ("torch", ["/usr/bin/python3", FMNIST_PEER, *common, "--num_processes", n])]
+        for impl, cmd in sides:
+            for rec in run_json(cmd, env, log):
+                rec.update({"round": r, "impl": impl, "workload": "fashion-mnist"})
+                records.append(rec)
+                raw.write(json.dumps(rec) + "\n")
+                raw.flush()
+                print(f"  fashion-mnist x{n} {impl} round {r}: {rec['samples_per_s']:.0f} samples/s, "
+                      f"test accuracy {rec['test_accuracy']:.4f}", file=sys.stderr)
+    return records
+
+
+def fashion_mnist_table(args, records):
+    by = lambda impl: {rec["round"]: rec for rec in records if rec["impl"] == impl}
+    h, t = by("hasten"), by("torch")
+    steps = sorted({rec["steps"] for rec in records})
+    lines = [f"### fashion-mnist: {args.fmnist_processes} processes, batch 64 per process, "
+             f"{args.fmnist_epochs} epoch(s), steps {'/'.join(map(str, steps))}", "",
+             "| side | samples/s | test accuracy | test loss | eval count | train s | hasten / PyTorch samples/s |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    ratio = median([h[r]["samples_per_s"] / t[r]["samples_per_s"] for r in h if r in t and t[r]["samples_per_s"] > 0])
+    ddp = args.fmnist_processes > 1
+    for name, side in (("hasten ddp" if ddp else "hasten", h), ("PyTorch DDP" if ddp else "PyTorch", t)):
+        if not side:
+            lines.append(f"| {name} | - | - | - | - | - | - |")
+            continue
+        m = lambda k: median([x[k] for x in side.values()])
+        lines.append(f"| {name} | {fmt(m('samples_per_s'), 0)} | {fmt(m('test_accuracy'), 4)} | "
+                     f"{fmt(m('test_loss'), 4)} | {'/'.join(str(x['eval_count']) for x in side.values())} | "
+                     f"{fmt(m('train_seconds'))} | {fmt(ratio, 2) if side is h else ''} |")
+    return lines + [""]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
@@ -60,8 +119,15 @@ def main():
     ap.add_argument("--modes", nargs="*", default=ALL_MODES)
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default: each workload's S)")
     ap.add_argument("--no-collectives", action="store_true")
+    ap.add_argument("--fashion-mnist", action="store_true",
+                    help="also hasten-fashion-mnist (ddp) vs scripts/fashion_mnist_torch.py (PyTorch DDP)")
+    ap.add_argument("--fmnist-epochs", type=int, default=1, help="Fashion-MNIST epochs (default 1)")
+    ap.add_argument("--fmnist-max-steps", type=int, default=0, help="Fashion-MNIST step limit (0: the whole epochs)")
+    ap.add_argument("--fmnist-processes", type=int, default=2, help="processes of each Fashion-MNIST side")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.fmnist_epochs < 1 or args.fmnist_max_steps < 0 or args.fmnist_processes < 1 or args.repeats < 1:
+        ap.error("--repeats, --fmnist-epochs and --fmnist-processes expect whole numbers >= 1, --fmnist-max-steps >= 0")
     bench = os.path.join(args.build, "bin", "hasten-bench")
     out_dir = args.out or os.path.join(args.build, "bench")
     os.makedirs(out_dir, exist_ok=True)
@@ -97,6 +163,9 @@ def main():
                         raw.write(json.dumps(rec) + "\n")
                         raw.flush()
                         print(f"  {w} {mode} {impl} round {r}: {rec['steps_per_s']:.2f} steps/s", file=sys.stderr)
+    fmnist = []
+    if args.fashion_mnist:
+        fmnist = run_fashion_mnist(args, out_dir, env, log, raw)
     collectives = []
     if not args.no_collectives:
         collectives += run_json([bench, "--collectives"], env, log)
@@ -127,6 +196,8 @@ def main():
                          f"{fmt(ratio(l), 2) if l else '-'} | {fmt(ratio(t), 2) if t else '-'} | "
                          f"{fmt(vs_ddp, 2) if vs_ddp else '-'} | {fmt(rss)} |")
         lines.append("")
+    if fmnist:
+        lines += fashion_mnist_table(args, fmnist)
     if collectives:
         lines += ["### Collectives, 2 ranks, float32 (GB/s = bytes / median time of the slowest rank)", "",
                   "| op | bytes | shm | gloo plugin | c10d ProcessGroupGloo | shm ms | gloo plugin ms | c10d ms |",
