@@ -25,4 +25,9 @@ void add_estimate_memory_command(CLI::App& app, Action& action);
 // "hasten: error: <message>" on stderr; returns 1.
 int report_error(const std::string& message);
 
+// `--set KEY=VALUE` (repeatable), any config key from the command line, as launch, test and
+// config show take it: each pair goes to `add`; a word without '=' is a usage error.
+CLI::Option* add_set_option(CLI::App& cmd, std::function<void(std::string key, std::string value)> add,
+                            const std::string& help);
+
 }  // namespace hasten::cli

@@ -53,19 +53,9 @@ void add_config_show_command(CLI::App& config_cmd, Action& action) {
       "show", "The resolved config and where each value came from (default, file, env, flag)");
   auto flags = std::make_shared<ShowFlags>();
   cmd->add_option("--config_file,--config-file", flags->config_file, "Config file to read (default: as a run finds it)");
-  cmd->add_option_function<std::vector<std::string>>(
-         "--set",
-         [flags](const std::vector<std::string>& items) {
-           for (const auto& kv : items) {
-             const auto eq = kv.find('=');
-             if (eq == std::string::npos || eq == 0)
-               throw CLI::ValidationError("--set", "expected KEY=VALUE (a config key, docs/config.md), got '" + kv + "'");
-             flags->set.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
-           }
-         },
-         "A config key, KEY=VALUE with a YAML value (repeatable), as hasten launch --set")
-      ->type_name("KEY=VALUE")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  add_set_option(
+      *cmd, [flags](std::string key, std::string value) { flags->set.emplace_back(std::move(key), std::move(value)); },
+      "A config key, KEY=VALUE with a YAML value (repeatable), as hasten launch --set");
   cmd->callback([&action, flags] { action = [flags] { return show(*flags); }; });
 }
 

@@ -230,20 +230,10 @@ void add_launch_command(CLI::App& app, Action& action) {
         f.help);
     opt->type_name("VALUE");
   }
-  cmd->add_option_function<std::vector<std::string>>(
-         "--set",
-         [flags](const std::vector<std::string>& items) {
-           for (const auto& kv : items) {
-             const auto eq = kv.find('=');
-             if (eq == std::string::npos || eq == 0)
-               throw CLI::ValidationError("--set", "expected KEY=VALUE (a config key, docs/config.md), got '" + kv + "'");
-             flags->set.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
-           }
-         },
-         "Any config key, KEY=VALUE with a YAML value (repeatable): --set strategy_options='{stage: 3}'")
-      ->type_name("KEY=VALUE")
-      ->allow_extra_args(false)  // one value per --set: what follows may be the program
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  add_set_option(
+      *cmd, [flags](std::string key, std::string value) { flags->set.emplace_back(std::move(key), std::move(value)); },
+      "Any config key, KEY=VALUE with a YAML value (repeatable): --set strategy_options='{stage: 3}'")
+      ->allow_extra_args(false);  // one value per --set: what follows may be the program
   // Accelerate's paradigm flags: each sets distributed_type, so the strategy that answers to
   // it runs (an explicit --strategy still wins, as in the config). They exclude each other, as
   // in Accelerate; --cpu sets use_cpu and excludes --multi_gpu.

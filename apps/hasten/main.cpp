@@ -12,6 +12,24 @@ int report_error(const std::string& message) {
   std::cerr << "hasten: error: " << message << std::endl;
   return 1;
 }
+
+CLI::Option* add_set_option(CLI::App& cmd, std::function<void(std::string key, std::string value)> add,
+                            const std::string& help) {
+  return cmd
+      .add_option_function<std::vector<std::string>>(
+          "--set",
+          [add = std::move(add)](const std::vector<std::string>& items) {
+            for (const auto& kv : items) {
+              const auto eq = kv.find('=');
+              if (eq == std::string::npos || eq == 0)
+                throw CLI::ValidationError("--set", "expected KEY=VALUE (a config key, docs/config.md), got '" + kv + "'");
+              add(kv.substr(0, eq), kv.substr(eq + 1));
+            }
+          },
+          help)
+      ->type_name("KEY=VALUE")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+}
 }  // namespace hasten::cli
 
 int main(int argc, char** argv) {

@@ -178,19 +178,9 @@ void add_test_command(CLI::App& app, Action& action) {
     cmd->add_option_function<std::string>(
            f.names, [flags, key = std::string(f.key)](const std::string& v) { flags->set.emplace_back(key, v); }, f.help)
         ->type_name("VALUE");
-  cmd->add_option_function<std::vector<std::string>>(
-         "--set",
-         [flags](const std::vector<std::string>& items) {
-           for (const auto& kv : items) {
-             const auto eq = kv.find('=');
-             if (eq == std::string::npos || eq == 0)
-               throw CLI::ValidationError("--set", "expected KEY=VALUE (a config key, docs/config.md), got '" + kv + "'");
-             flags->set.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
-           }
-         },
-         "Any config key, KEY=VALUE with a YAML value (repeatable)")
-      ->type_name("KEY=VALUE")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  add_set_option(
+      *cmd, [flags](std::string key, std::string value) { flags->set.emplace_back(std::move(key), std::move(value)); },
+      "Any config key, KEY=VALUE with a YAML value (repeatable)");
   cmd->add_option("--steps", flags->steps, "Training steps (default 60)")->check(integer_in(10, 100000));
   cmd->add_flag("--verbose,-v", flags->verbose, "Show every rank's output");
   cmd->callback([&action, flags] { action = [flags] { return run_test(*flags); }; });
