@@ -22,6 +22,7 @@
 
 #include "commands.hpp"
 #include "launcher.hpp"
+#include "machine_agents.hpp"
 
 namespace hasten::cli {
 
@@ -73,6 +74,50 @@ std::string unknown_flag_message(const std::string& word, const std::vector<std:
   }
   return "launch: unknown option '" + name + "'" + (near.empty() ? "" : "; did you mean '" + near + "'?") +
          " (hasten launch --help lists the options; the program comes after them)";
+}
+
+// --max_restarts with several machines: every machine's launcher follows the rounds machine
+// 0's coordinator starts (machine_agents.hpp), so a failure anywhere restarts the workers
+// everywhere.
+int launch_across_machines(const LaunchPlan& plan, const Config& config) {
+  if (plan.master_port <= 0 || plan.master_port >= 65535)
+    throw ConfigError("config error: main_process_port " + std::to_string(plan.master_port) +
+                      " cannot coordinate restarts across machines: give every machine the same port from 1 to "
+                      "65534 (machine 0's launcher also listens on main_process_port + 1)");
+  MachineAgents::Settings s;
+  s.num_machines = plan.num_machines;
+  s.machine_rank = plan.machine_rank;
+  s.main_addr = plan.master_addr;
+  s.agent_port = plan.master_port + 1;
+  s.master_port = plan.master_port;
+  s.max_restarts = config.max_restarts;
+  s.join_timeout_s = config.rendezvous_timeout_s;
+  MachineAgents agents(s);
+  for (;;) {
+    const MachineAgents::Round round = agents.next_round();
+    if (!round.run) {
+      if (!round.why.empty()) std::cerr << "hasten launch: " << round.why << std::endl;
+      return round.exit_code;
+    }
+    if (round.number > 0)
+      std::cerr << "hasten launch: restart " << round.number << " of " << config.max_restarts
+                << ": starting all workers again" << std::endl;
+    LaunchPlan run = plan;
+    run.master_port = round.master_port;
+    run.env.emplace_back("TORCHELASTIC_RESTART_COUNT", std::to_string(round.number));
+    run.env.emplace_back("TORCHELASTIC_MAX_RESTARTS", std::to_string(config.max_restarts));
+    bool said = false;
+    run.stop_requested = [&] {
+      if (!agents.stop_requested()) return false;
+      if (!said) std::cerr << "hasten launch: " << agents.stop_reason() << "; stopping this machine's workers" << std::endl;
+      said = true;
+      return true;
+    };
+    run.on_failure = [&](int rank, const std::string& what) { agents.report_failure(rank, what); };
+    bool interrupted = false;
+    const int rc = run_workers(run, &interrupted);
+    agents.report_end(rc, interrupted);
+  }
 }
 
 int launch(const LaunchFlags& flags) {
@@ -164,9 +209,7 @@ int launch(const LaunchFlags& flags) {
     if (!plan.log_dir.empty()) std::cout << "per-rank logs: " << plan.log_dir << "/rank_<r>.log\n";
     return 0;
   }
-  if (config.max_restarts > 0 && config.num_machines > 1)
-    throw ConfigError("config error: max_restarts " + std::to_string(config.max_restarts) +
-                      " needs num_machines 1 (restarting across machines is not supported yet)");
+  if (config.max_restarts > 0 && config.num_machines > 1) return launch_across_machines(plan, config);
   // torchrun's --max_restarts: a failed worker stops the others and all start again, up to
   // max_restarts times; the workers learn the attempt from TORCHELASTIC_RESTART_COUNT (a
   // program resumes from its newest checkpoint: hasten-example --resume, load_state()).

@@ -209,6 +209,7 @@ int run_workers(const LaunchPlan& plan, bool* interrupted, int* failed_rank) {
       forwarded_signal = sig;
       supervisor.stop(sig);
     }
+    if (plan.stop_requested && !supervisor.stopping() && plan.stop_requested()) supervisor.stop(SIGTERM);
     // Output.
     std::vector<pollfd> fds;
     std::vector<std::pair<Worker*, Stream*>> owners;
@@ -229,11 +230,13 @@ int run_workers(const LaunchPlan& plan, bool* interrupted, int* failed_rank) {
     } else {
       ::usleep(50 * 1000);
     }
-    for (const auto& end : supervisor.collect())
+    for (const auto& end : supervisor.collect()) {
+      if (!end.stopped_the_run) continue;
+      const std::string what = detail::describe_worker_exit(end.rank, end.pid, end.status);
+      if (plan.on_failure) plan.on_failure(end.rank, what);
       // With one worker its own output says what happened.
-      if (end.stopped_the_run && plan.world_size > 1 && plan.echo)
-        std::cerr << "hasten launch: " << detail::describe_worker_exit(end.rank, end.pid, end.status)
-                  << "; stopping the other workers" << std::endl;
+      if (plan.world_size > 1 && plan.echo) std::cerr << "hasten launch: " << what << "; stopping the other workers" << std::endl;
+    }
     if (!supervisor.any_running()) break;
     supervisor.enforce_grace();
   }

@@ -5,6 +5,7 @@
 // core's (hasten/detail/launch_contract.hpp), shared with hasten::launch.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +25,10 @@ struct LaunchPlan {
   std::string log_dir;  // non-empty: also write rank_<r>.log there
   bool echo = true;     // false: workers' output only to log_dir, and no launcher lines (hasten test)
   double grace_s = 5.0;
+  // Runs across machines (machine_agents.hpp): polled while the workers run, true stops them
+  // (another machine's worker failed); told of the first local failure the moment it happens.
+  std::function<bool()> stop_requested;
+  std::function<void(int rank, const std::string& what)> on_failure;
 
   int global_rank(int local_rank) const { return machine_rank * local_world_size + local_rank; }
   // The variables a worker gets on top of the launcher's environment.

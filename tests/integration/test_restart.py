@@ -4,13 +4,21 @@
   param_checksum (SHA-256 of the final parameters, checked here against Python's hashlib);
 - a worker SIGKILLed in the middle of a save leaves the previous checkpoint complete, and a
   resumed run continues from it to the same parameters;
+- restarts across machines: two launchers (`--num_machines 2`, machine ranks 0 and 1, on this
+  host) with `--max_restarts 1`; a worker of machine 1 SIGKILLed: both machines restart their
+  workers and end with the uninterrupted run's param_checksum; a launcher SIGKILLed ends the
+  other machine's run with one line naming it, not a hang;
 - /usr/bin/python3 reads the checkpoint's model.safetensors (the format's own rules, no
   library) and gets the parameters whose SHA-256 is the run's param_checksum; so does the
   file `hasten merge-weights` writes from the checkpoint."""
 import hashlib
 import json
 import os
+import signal
+import socket
 import struct
+import subprocess
+import time
 import tempfile
 
 import harness as h
@@ -110,3 +118,67 @@ with tempfile.TemporaryDirectory() as d:
     if s["resumed_at"] != 20 or s["param_checksum"] != want:
         h.fail(f"resumed after a crash in save: at {s['resumed_at']}, checksum {s['param_checksum']} (want {want})")
     print(f"ok: killed during a save; the previous checkpoint loaded ({names}), same final parameters")
+
+    # 3. Restarts across machines: one launcher per "machine", both on this host.
+    def two_free_ports():
+        """A port P with P + 1 free too (the workers' store and the launchers' coordinator)."""
+        for _ in range(50):
+            with socket.socket() as a:
+                a.bind(("", 0))
+                port = a.getsockname()[1]
+            if port >= 65535:
+                continue
+            try:
+                with socket.socket() as b:
+                    b.bind(("", port + 1))
+                return port
+            except OSError:
+                continue
+        h.fail("no two consecutive free ports")
+
+    def machine(rank, port, project, env):
+        cmd = h.hasten("launch", "--max_restarts", "1", "--num_machines", "2", "--machine_rank", str(rank),
+                       "--num_processes", "2", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
+                       h.example()[0], *BASE, "--project_dir", project, "--checkpoint_every", "10", "--resume")
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **env})
+
+    port = two_free_ports()
+    project = os.path.join(d, "machines")
+    kill = {"HASTEN_TEST_KILL_AT_STEP": "25"}
+    m0, m1 = machine(0, port, project, kill), machine(1, port, project, kill)
+    out0, err0 = m0.communicate(timeout=300)
+    out1, err1 = m1.communicate(timeout=300)
+    if m0.returncode != 0 or m1.returncode != 0:
+        h.fail(f"two machines with --max_restarts 1 exited {m0.returncode} and {m1.returncode}\n"
+               f"machine 0:\n{err0}\nmachine 1:\n{err1}")
+    if "machine 1: rank 1" not in err0 or "stopping this machine's workers" not in err0:
+        h.fail(f"machine 0's launcher did not say that machine 1's rank 1 failed:\n{err0}")
+    for name, err in (("machine 0", err0), ("machine 1", err1)):
+        if "restart 1 of 1" not in err:
+            h.fail(f"{name}'s launcher did not restart its workers:\n{err}")
+    s = summary(subprocess.CompletedProcess([], 0, out0, err0))
+    if s["resumed_at"] != 20 or s["param_checksum"] != want:
+        h.fail(f"two machines, restarted: resumed at {s['resumed_at']} (want 20), checksum {s['param_checksum']} "
+               f"(want {want})")
+    print("ok: a worker killed on machine 1: both machines restarted, same final parameters")
+
+    # A launcher that dies ends the run on the other machine with one line, not a hang.
+    port = two_free_ports()
+    project = os.path.join(d, "machines-lost")
+    m0, m1 = machine(0, port, project, {}), machine(1, port, project, {})
+    deadline = time.monotonic() + 120
+    while not os.path.isdir(os.path.join(project, "checkpoints")) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the run is under way once the first checkpoint is written
+    m1.send_signal(signal.SIGKILL)
+    m1.communicate(timeout=60)
+    out0, err0 = m0.communicate(timeout=120)
+    if m0.returncode == 0 or "the launcher of machine 1 disconnected" not in err0:
+        h.fail(f"machine 0 after machine 1's launcher was killed: status {m0.returncode}\n{err0}")
+    print("ok: machine 1's launcher killed: machine 0 ends with 'the launcher of machine 1 disconnected'")
+
+    # The coordinator's port is main_process_port + 1: the last port leaves none.
+    h.check_clean_failure(
+        h.run(h.hasten("launch", "--max_restarts", "1", "--num_machines", "2", "--machine_rank", "0",
+                       "--num_processes", "2", "--main_process_port", "65535", h.example()[0], *BASE)),
+        "main_process_port 65535 with restarts across machines", "main_process_port + 1")
