@@ -2,6 +2,9 @@
 // that runs it; actions return the process exit status and report errors as one line.
 #pragma once
 
+#include <hasten/config.hpp>
+#include <hasten/process.hpp>
+
 #include <CLI/CLI.hpp>
 
 #include <functional>
@@ -21,6 +24,10 @@ void add_launch_command(CLI::App& app, Action& action);
 void add_weights_command(CLI::App& app, Action& action);
 void add_test_command(CLI::App& app, Action& action);
 void add_estimate_memory_command(CLI::App& app, Action& action);
+
+// The config as the workers of a launch on this machine resolve it: they know WORLD_SIZE,
+// which decides the strategy when no source names one (launch, test and config show agree).
+Config resolve_as_workers(const Options& options, const Environment& env);
 
 // "hasten: error: <message>" on stderr; returns 1.
 int report_error(const std::string& message);

@@ -24,7 +24,8 @@ int show(const ShowFlags& flags) {
   options.origin = "flag";
   if (!flags.config_file.empty()) options.config_file = flags.config_file;
   options.set = flags.set;
-  const Config config = resolve_config(options, current_environment());
+  // As a launch's workers would resolve it (num_processes > 1 decides the strategy).
+  const Config config = resolve_as_workers(options, current_environment());
   const nlohmann::json resolved = nlohmann::json::parse(config.resolved_json);
   std::cout << "config file\t" << (config.config_file.empty() ? "(none)" : config.config_file) << "\n"
             << "key\tvalue\tfrom\n";

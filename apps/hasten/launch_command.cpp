@@ -131,21 +131,8 @@ int launch(const LaunchFlags& flags) {
   if (!flags.config_file.empty()) options.config_file = flags.config_file;
   options.set = flags.set;
   const Environment env = current_environment();
-  Config config = resolve_config(options, env);
-  // The workers resolve the config knowing WORLD_SIZE, which decides the strategy when no
-  // source names one (several processes train data-parallel): resolve it as they will, so that
-  // the dry run's plan and the plugin check below are theirs.
-  auto named = [&](const std::string& key) {
-    const auto it = config.origin.find(key);
-    return it != config.origin.end() && it->second != "default" && it->second.rfind("derived", 0) != 0;
-  };
-  if (config.num_processes > 1 && !named("strategy") && !named("distributed_type") && env.count("WORLD_SIZE") == 0 &&
-      env.count("RANK") == 0) {
-    Environment as_worker = env;
-    as_worker["RANK"] = "0";
-    as_worker["WORLD_SIZE"] = std::to_string(config.num_processes);
-    config = resolve_config(options, as_worker);
-  }
+  // As the workers will resolve it, so that the dry run's plan and the plugin check below are theirs.
+  Config config = resolve_as_workers(options, env);
   check_config_plugins(config);  // one error here, not the same one from every worker
 
   LaunchPlan plan;

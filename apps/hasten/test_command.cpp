@@ -75,7 +75,7 @@ int run_test(const TestFlags& flags) {
   if (!flags.config_file.empty()) options.config_file = flags.config_file;
   options.set = flags.set;
   const Environment env = current_environment();
-  const Config config = resolve_config(options, env);  // a bad key or value: its one line
+  const Config config = resolve_as_workers(options, env);  // a bad key or value: its one line
   check_config_plugins(config);                         // an unknown strategy: its one line
   if (config.num_machines != 1)
     return report_error("test: num_machines is " + std::to_string(config.num_machines) +
