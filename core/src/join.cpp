@@ -39,29 +39,27 @@ torch::ScalarType dtype_of(const std::vector<torch::Tensor>& params) {
   return params.empty() ? torch::kFloat : params.front().scalar_type();
 }
 
-std::vector<size_t> joined_models(const Engine::Impl& s) {
+std::vector<size_t> joined_models(const std::vector<ModelEntry>& models) {
   std::vector<size_t> out;
-  for (size_t m = 0; m < s.models.size(); ++m)
-    if (s.models[m].joined) out.push_back(m);
+  for (size_t m = 0; m < models.size(); ++m)
+    if (models[m].joined) out.push_back(m);
   return out;
 }
 
-// Round step 1: who trains, and which joined models this round reduces.
-torch::Tensor exchange_round(Engine::Impl& s, bool training, const std::vector<bool>& reduces) {
-  const int64_t w = s.process.world_size;
-  auto v = torch::zeros({w + static_cast<int64_t>(reduces.size())}, torch::kLong);
+// Round step 1's vector: who trains, and which joined models this round reduces.
+torch::Tensor round_vector(int rank, int world, bool training, const std::vector<bool>& reduces) {
+  auto v = torch::zeros({world + static_cast<int64_t>(reduces.size())}, torch::kLong);
   if (training) {
-    v[s.process.rank] = 1;
-    for (size_t k = 0; k < reduces.size(); ++k) v[w + static_cast<int64_t>(k)] = reduces[k] ? 1 : 0;
+    v[rank] = 1;
+    for (size_t k = 0; k < reduces.size(); ++k) v[world + static_cast<int64_t>(k)] = reduces[k] ? 1 : 0;
   }
-  s.allreduce_(v, HASTEN_REDUCE_SUM);
   return v;
 }
 
-int64_t count_training(const Engine::Impl& s, const torch::Tensor& round, std::vector<int64_t>& ranks) {
+int64_t count_training(int world, const torch::Tensor& round, std::vector<int64_t>& ranks) {
   ranks.clear();
   auto a = round.accessor<int64_t, 1>();
-  for (int64_t r = 0; r < s.process.world_size; ++r)
+  for (int64_t r = 0; r < world; ++r)
     if (a[r] > 0) ranks.push_back(r);
   return static_cast<int64_t>(ranks.size());
 }
@@ -102,7 +100,7 @@ void Engine::join_begin(const std::vector<size_t>& models, const JoinOptions& op
 
 void Engine::Impl::join_reduce_after_backward() {
   if (!join_live) return;
-  const std::vector<size_t> joined = joined_models(*this);
+  const std::vector<size_t> joined = joined_models(models);
   std::vector<bool> reduces;
   bool any = false;
   for (size_t m : joined) {
@@ -111,8 +109,9 @@ void Engine::Impl::join_reduce_after_backward() {
   }
   if (!any) return;  // a local micro-batch: no round (the ranks that left wait for one)
   std::vector<int64_t> ranks;
-  const torch::Tensor round = exchange_round(*this, true, reduces);
-  const int64_t training = count_training(*this, round, ranks);
+  torch::Tensor round = round_vector(process.rank, process.world_size, true, reduces);
+  allreduce_(round, HASTEN_REDUCE_SUM);
+  const int64_t training = count_training(process.world_size, round, ranks);
   if (training < process.world_size) join_last_partial = ranks;
   const double divisor = join_options.divide_by_initial_world_size ? process.world_size : training;
   torch::NoGradGuard no_grad;
@@ -146,12 +145,13 @@ void Engine::join_end() {
     s.join_open = false;
     return;
   }
-  const std::vector<size_t> joined = joined_models(s);
+  const std::vector<size_t> joined = joined_models(s.models);
   std::vector<int64_t> ranks;
   // Answer the ranks that still train until a round finds none.
   for (;;) {
-    const torch::Tensor round = exchange_round(s, false, std::vector<bool>(joined.size(), false));
-    const int64_t training = count_training(s, round, ranks);
+    torch::Tensor round = round_vector(s.process.rank, s.process.world_size, false, std::vector<bool>(joined.size(), false));
+    s.allreduce_(round, HASTEN_REDUCE_SUM);
+    const int64_t training = count_training(s.process.world_size, round, ranks);
     if (training == 0) break;
     if (training < s.process.world_size) s.join_last_partial = ranks;
     auto a = round.accessor<int64_t, 1>();

@@ -324,6 +324,32 @@ TEST(GradientState, FollowsTheInnermostLoaderAndItsEnd) {
   EXPECT_EQ(acc.gradient_state().active_dataloader, -1);
 }
 
+// test_noop_sync: with one process no_sync changes nothing: the gradients are always the
+// truth's.
+TEST(GradientState, NoSyncOnOneProcessIsANoOp) {
+  hasten::test::TempDir home;
+  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  Accelerator acc;
+  Truth truth{Regression()};
+  Regression net;
+  auto [model, loader] = acc.prepare(net, hasten::DataLoader(regression_data(80), {16}));
+  auto batch = *loader.begin();
+  auto x = batch.input, y = batch.target;
+  for (int it = 0; it < 3; ++it) {
+    truth.backward(x, y);
+    if (it % 2 == 0) {
+      auto local = acc.no_sync(model);
+      acc.backward(F::mse_loss(model(x), y));
+    } else {
+      acc.backward(F::mse_loss(model(x), y));
+    }
+    auto mine = torch::cat({net->a.grad(), net->b.grad()});
+    EXPECT_TRUE(torch::allclose(mine, truth.grad())) << it << ": " << str(mine) << " vs " << str(truth.grad());
+    torch::manual_seed(1337 + it);
+    x = x.index_select(0, torch::randperm(x.size(0)));
+  }
+}
+
 // sync_with_dataloader false: the loader's end no longer closes the window (the count runs on).
 TEST(GradientState, SyncWithDataloaderFalseLetsWindowsRunAcrossTheEnd) {
   hasten::test::TempDir home;
