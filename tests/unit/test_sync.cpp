@@ -420,7 +420,7 @@ namespace {
 void join_case(bool override_even_batches, bool divide_by_initial) {
   run_on_two([override_even_batches, divide_by_initial] {
     Options o;
-    o.strategy = "ddp";
+    o.set = {{"strategy", "ddp"}};
     if (!override_even_batches) o.even_batches = false;
     Accelerator acc(o);
     torch::manual_seed(0);
@@ -477,7 +477,7 @@ TEST(Join, EvenBatchesOverrideAndDivisionByTheRanksStillTraining) { join_case(tr
 TEST(Join, UnevenInputsUnderAShardingStrategyAreRefusedWithOneLine) {
   run_on_two([] {
     Options o;
-    o.strategy = "zero2";
+    o.set = {{"strategy", "zero2"}};
     Accelerator acc(o);
     Regression net;
     auto model = acc.prepare(net);
