@@ -12,8 +12,8 @@ void Engine::begin_accumulate(const std::vector<size_t>& models) {
   Impl& s = *impl_;
   const int64_t n = s.config.gradient_accumulation_steps;
   const ActiveLoader* loader = s.innermost();
-  if (s.end_of_dataloader()) {
-    // The loader's last batch always synchronises and closes the window.
+  if (s.config.sync_with_dataloader && s.end_of_dataloader()) {
+    // The loader's last batch synchronises and closes the window (sync_with_dataloader).
     if (s.accum_step % n == 0) s.window = 1;
     s.accum_step = 0;
     s.sync = true;
@@ -21,7 +21,9 @@ void Engine::begin_accumulate(const std::vector<size_t>& models) {
     if (s.accum_step % n == 0) {
       // A new window: as long as the micro-batches left in the loader allow, so that a short
       // last window is a mean over the batches it really has.
-      const int64_t left = loader != nullptr && loader->batch >= 0 ? loader->num_batches - loader->batch : n;
+      const int64_t left = loader != nullptr && loader->batch >= 0 && s.config.sync_with_dataloader
+                               ? loader->num_batches - loader->batch
+                               : n;
       s.window = std::max<int64_t>(1, std::min(n, left));
     }
     ++s.accum_step;
@@ -30,12 +32,13 @@ void Engine::begin_accumulate(const std::vector<size_t>& models) {
   ++s.accumulate_depth;
   s.backward_in_scope = false;
   s.scope_ended_unused = false;
+  // A micro-batch that does not step keeps its gradients local, unless sync_each_batch
+  // reduces them every time (Accelerate: only where there is more than one process).
+  const bool local = !s.sync && !(s.config.sync_each_batch && s.process.world_size > 1);
   for (size_t m : models) {
     ModelEntry& e = s.models.at(m);
-    if (e.sync_enabled != s.sync) {
-      s.strategy->set_gradient_sync(*e.module, s.sync);
-      e.sync_enabled = s.sync;
-    }
+    e.accumulate_local = local;
+    s.apply_gradient_sync(e);
   }
 }
 
@@ -48,10 +51,8 @@ void Engine::end_accumulate(const std::vector<size_t>& models) noexcept {
   for (size_t m : models) {
     try {
       ModelEntry& e = s.models.at(m);
-      if (!e.sync_enabled) {
-        s.strategy->set_gradient_sync(*e.module, true);
-        e.sync_enabled = true;
-      }
+      e.accumulate_local = false;
+      s.apply_gradient_sync(e);
     } catch (const std::exception& ex) {
       get_logger("hasten", false)->error("{}", ex.what());
     }
@@ -60,5 +61,27 @@ void Engine::end_accumulate(const std::vector<size_t>& models) noexcept {
 
 bool Engine::sync_gradients() const { return impl_->sync; }
 int Engine::gradient_accumulation_steps() const { return impl_->config.gradient_accumulation_steps; }
+
+GradientState Engine::gradient_state() const {
+  const Impl& s = *impl_;
+  GradientState g;
+  g.sync_gradients = s.sync;
+  g.step = s.accum_step;
+  g.num_steps = s.config.gradient_accumulation_steps;
+  g.sync_each_batch = s.config.sync_each_batch;
+  g.sync_with_dataloader = s.config.sync_with_dataloader;
+  if (const ActiveLoader* a = s.innermost()) {
+    g.in_dataloader = true;
+    g.active_dataloader = static_cast<int64_t>(a->id);
+    g.end_of_dataloader = s.end_of_dataloader();
+    // Accelerate's remainder: the dataset size modulo the global batch, unless drop_last.
+    const ShardSpec& spec = s.loaders.at(a->id).spec;
+    if (!spec.options.drop_last) {
+      const int64_t global = spec.split_batches ? spec.options.batch_size : spec.options.batch_size * spec.world_size;
+      g.remainder = global > 0 ? spec.dataset_size % global : -1;
+    }
+  }
+  return g;
+}
 
 }  // namespace hasten::detail

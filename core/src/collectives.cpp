@@ -208,6 +208,8 @@ torch::Tensor Engine::pad_across_processes(const torch::Tensor& tensor, int64_t 
                                            double pad_value, bool pad_first) {
   if (tensor.dim() == 0) return tensor;
   if (dim < 0) dim += tensor.dim();
+  if ((dim < 0 || dim >= tensor.dim()) && impl_->config.pad_out_of_range_dim == "unchanged")
+    return tensor;  // Accelerate's behaviour, by option (hasten refuses it by default)
   if (dim < 0 || dim >= tensor.dim())
     throw UsageError("pad_across_processes: dim out of range for a tensor of " +
                      std::to_string(tensor.dim()) + " dimensions");

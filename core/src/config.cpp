@@ -210,6 +210,11 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
   c.step_scheduler_with_optimizer = merged["step_scheduler_with_optimizer"].get<bool>();
   c.split_batches = merged["split_batches"].get<bool>();
   c.even_batches = merged["even_batches"].get<bool>();
+  c.sync_each_batch = merged["sync_each_batch"].get<bool>();
+  c.sync_with_dataloader = merged["sync_with_dataloader"].get<bool>();
+  c.short_window_loss_division = get_str(merged, "short_window_loss_division");
+  c.scheduler_steps_per_process = merged["scheduler_steps_per_process"].get<bool>();
+  c.pad_out_of_range_dim = get_str(merged, "pad_out_of_range_dim");
   c.num_cpu_threads_per_process = merged["num_cpu_threads_per_process"].get<int>();
   c.max_restarts = merged["max_restarts"].get<int>();
   c.tee = merged["tee"].get<bool>();

@@ -101,6 +101,19 @@ const Schema& core_schema() {
        "The loader's batch size is the global batch, split across processes"},
       {"even_batches", T::Bool, true, {}, {}, {},
        "Pad the last round so every process gets the same number of full batches"},
+      {"sync_each_batch", T::Bool, false, {}, {}, {},
+       "Under accumulate(), reduce gradients on every micro-batch (more communication, less memory); the optimizer "
+       "still steps every gradient_accumulation_steps-th (Accelerate's GradientAccumulationPlugin sync_each_batch)"},
+      {"sync_with_dataloader", T::Bool, true, {}, {}, {},
+       "The loader's last batch synchronises and restarts the accumulation count (false: windows run across epochs)"},
+      {"short_window_loss_division", T::Enum, "window", {"window", "steps"}, {}, {},
+       "Loss division in a short last accumulation window: window (by the micro-batches it has) or steps (by "
+       "gradient_accumulation_steps, Accelerate's arithmetic)"},
+      {"scheduler_steps_per_process", T::Bool, false, {}, {}, {},
+       "A prepared scheduler steps num_processes times per optimizer step unless split_batches (Accelerate's "
+       "AcceleratedScheduler); false: once"},
+      {"pad_out_of_range_dim", T::Enum, "error", {"error", "unchanged"}, {}, {},
+       "pad_across_processes with a dim outside the tensor: error, or unchanged (returns the tensor, Accelerate's)"},
       {"num_cpu_threads_per_process", T::Int, 0, {}, 0.0, {}, "Intra-op threads per worker (0: cores / local workers)"},
       {"max_restarts", T::Int, 0, {}, 0.0, {},
        "hasten launch restarts every worker this many times after one fails (one machine; torchrun's meaning)"},

@@ -5,6 +5,7 @@
 
 #include <hasten/config.hpp>
 #include <hasten/data.hpp>
+#include <hasten/gradient_state.hpp>
 #include <hasten/detail/engine.hpp>
 #include <hasten/process.hpp>
 #include <hasten/unit.hpp>
@@ -35,6 +36,15 @@ namespace hasten::detail {
 struct ModelEntry {
   std::shared_ptr<torch::nn::Module> module;
   bool sync_enabled = true;  // what the strategy was last told
+  // What decides it (gradient_sync.cpp, apply_gradient_sync): the live accumulate scope keeps
+  // this micro-batch local, live no_sync scopes, the last call of the model ran under no_sync
+  // (DDP decides at forward), live trigger_sync_in_backward scopes, a join scope that reduces
+  // this model's gradients itself (join.cpp).
+  bool accumulate_local = false;
+  int no_sync_depth = 0;
+  bool called_local = false;
+  int trigger_depth = 0;
+  bool joined = false;
   std::vector<UnitBase*> units;  // nested hasten::Unit modules (1..n), attached to this engine
   bool root_is_unit = false;     // the model is itself a hasten::Unit (its forward reports unit 0)
   // Calls of the prepared model since the last backward, and the autograd nodes of their
@@ -114,6 +124,20 @@ struct Engine::Impl {
   bool backward_in_scope = false;       // a backward ran inside the live accumulate scope
   bool scope_ended_unused = false;      // the last scope ended with no backward inside it
   bool trigger = false;
+
+  // join_uneven_inputs (join.cpp).
+  bool join_open = false;         // a join scope is open
+  bool join_live = false;         // ... and inputs may be uneven: the engine reduces
+  JoinOptions join_options;
+  std::optional<bool> join_even_batches;  // the override for epochs begun inside the scope
+  std::vector<int64_t> join_last_partial;  // the active ranks of the last round some had left
+
+  // Whether backward reduces this model's gradients now; tells the strategy when it changes.
+  bool wants_gradient_sync(const ModelEntry& e) const;
+  void apply_gradient_sync(ModelEntry& e);
+  // join.cpp: after a backward inside a live join scope, reduces the joined models' gradients
+  // with the ranks that still train (the ranks that left answer with zeros).
+  void join_reduce_after_backward();
 
   const ActiveLoader* innermost() const { return active.empty() ? nullptr : &active.back(); }
   bool end_of_dataloader() const {

@@ -25,7 +25,9 @@ EpochPlan Engine::loader_begin_epoch(size_t loader) {
   Impl& s = *impl_;
   if (!s.resume_settled) resume();  // config resume: the loop starts here
   LoaderEntry& e = s.loaders.at(loader);
-  EpochPlan plan = make_epoch_plan(e.spec, e.epoch++);
+  ShardSpec spec = e.spec;
+  if (s.join_even_batches) spec.even_batches = *s.join_even_batches;  // join_uneven_inputs's override
+  EpochPlan plan = make_epoch_plan(spec, e.epoch++);
   plan.first_batch = std::exchange(e.resume_batch, 0);  // load_state resumes mid-epoch once
   e.last_plan = plan;
   s.active.push_back({loader, plan.first_batch - 1, plan.num_batches, 0});
@@ -55,6 +57,12 @@ void Engine::loader_end(size_t loader) noexcept {
   }
 }
 
-int64_t Engine::loader_num_batches(size_t loader) const { return impl_->loaders.at(loader).num_batches; }
+int64_t Engine::loader_num_batches(size_t loader) const {
+  const LoaderEntry& e = impl_->loaders.at(loader);
+  if (!impl_->join_even_batches || *impl_->join_even_batches == e.spec.even_batches) return e.num_batches;
+  ShardSpec spec = e.spec;
+  spec.even_batches = *impl_->join_even_batches;
+  return count_batches(spec);
+}
 
 }  // namespace hasten::detail

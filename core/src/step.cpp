@@ -80,6 +80,15 @@ size_t Engine::add_scheduler(std::function<void()> step_once) {
 
 void Engine::scheduler_stepped(size_t index) { ++impl_->schedulers.at(index).steps; }
 
+int Engine::scheduler_steps_per_call() const {
+  const Impl& s = *impl_;
+  // Accelerate's AcceleratedScheduler: the loader's batch grew num_processes times, so the
+  // schedule (built for the unprepared loader's length) steps that many times per step.
+  if (!s.config.scheduler_steps_per_process || !s.config.step_scheduler_with_optimizer || s.config.split_batches)
+    return 1;
+  return s.process.world_size;
+}
+
 bool Engine::scheduler_should_step() const {
   const Impl& s = *impl_;
   if (!s.config.step_scheduler_with_optimizer) return true;
@@ -99,11 +108,15 @@ void Engine::backward(const torch::Tensor& loss, bool retain_graph) {
   s.check_prepared_forwards(loss);
   if (s.accumulate_depth > 0) s.backward_in_scope = true;
   torch::Tensor l = loss;
-  if (s.accumulate_depth > 0 && s.window > 1) l = l / static_cast<double>(s.window);
+  // The window's real length (hasten), or gradient_accumulation_steps even for a short last
+  // window (short_window_loss_division: steps, Accelerate's arithmetic).
+  const int64_t divisor = s.config.short_window_loss_division == "steps" ? s.config.gradient_accumulation_steps : s.window;
+  if (s.accumulate_depth > 0 && divisor > 1) l = l / static_cast<double>(divisor);
   s.precision->scale_loss(l);
   s.strategy->before_backward();
   l.backward({}, retain_graph);
   s.strategy->after_backward();
+  s.join_reduce_after_backward();  // inside join_uneven_inputs (join.cpp)
 }
 
 double Engine::clip_grad_norm(size_t model, double max_norm, double norm_type) {

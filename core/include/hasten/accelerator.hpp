@@ -98,6 +98,45 @@ class Accelerator {
   }
   bool sync_gradients() const { return engine_->sync_gradients(); }
   int gradient_accumulation_steps() const { return engine_->gradient_accumulation_steps(); }
+  // Where accumulation and iteration stand: sync_gradients, end_of_dataloader, remainder,
+  // the active loader, the accumulation options (Accelerate's accelerator.gradient_state).
+  GradientState gradient_state() const { return engine_->gradient_state(); }
+
+  // Inside this scope backward keeps the models' gradients local (they add up on each rank)
+  // under every strategy; so does a backward of a loss whose forward ran inside it, as with
+  // DDP. The first backward outside it (after a forward outside it) reduces the sum.
+  template <class... M>
+  GradientSyncScope no_sync(const PreparedModel<M>&... models) {
+    return GradientSyncScope(engine_, std::vector<size_t>{models.index()...}, false);
+  }
+  // The backward inside this scope reduces the models' gradients, even of losses whose
+  // forwards ran under no_sync (Accelerate's trigger_sync_in_backward).
+  template <class... M>
+  GradientSyncScope trigger_sync_in_backward(const PreparedModel<M>&... models) {
+    return GradientSyncScope(engine_, std::vector<size_t>{models.index()...}, true);
+  }
+
+  // A prepared model of any type, as join_uneven_inputs's list takes it.
+  class ModelRef {
+   public:
+    template <class M>
+    ModelRef(const PreparedModel<M>& model) : index_(model.index()) {}  // NOLINT: implicit on purpose
+    size_t index() const { return index_; }
+
+   private:
+    size_t index_;
+  };
+  // Training or evaluation on uneven inputs: with even_batches false (the config, or the
+  // override in options for loaders whose epochs begin inside the scope) ranks may have
+  // different numbers of batches; a rank that runs out waits at the end of the scope and
+  // answers the others' gradient reductions of these models with zeros, and the models end
+  // with the weights of the last rank to finish. Under strategies whose gradients live in the
+  // parameters (ddp, single); other collectives inside the scope must stay even.
+  JoinScope join_uneven_inputs(std::initializer_list<ModelRef> models, JoinOptions options = {}) {
+    std::vector<size_t> indices;
+    for (const auto& m : models) indices.push_back(m.index());
+    return JoinScope(engine_, indices, options);
+  }
 
   // loss.backward() with the precision plugin's scaling, the strategy's hooks and, inside
   // accumulate(), division by the number of micro-batches of this accumulation window.

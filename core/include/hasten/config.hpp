@@ -39,6 +39,13 @@ struct Options {
   std::optional<bool> step_scheduler_with_optimizer;
   std::optional<bool> split_batches;
   std::optional<bool> even_batches;
+  // Gradient accumulation (Accelerate's GradientAccumulationPlugin).
+  std::optional<bool> sync_each_batch;
+  std::optional<bool> sync_with_dataloader;
+  // Accelerate's arithmetic where hasten departs from it (docs/api.md, "Departures").
+  std::optional<std::string> short_window_loss_division;  // "window" (hasten) or "steps"
+  std::optional<bool> scheduler_steps_per_process;
+  std::optional<std::string> pad_out_of_range_dim;  // "error" (hasten) or "unchanged"
   std::vector<std::pair<std::string, std::string>> set;
   // How messages name these options: "code" ("code option mixed_precision") or "flag"
   // ("flag --mixed_precision", for command-line tools).
@@ -91,6 +98,14 @@ struct Config {
   bool step_scheduler_with_optimizer = true;
   bool split_batches = false;
   bool even_batches = true;
+  // Gradient accumulation: reduce gradients on every micro-batch (the optimizer still steps
+  // every N-th), and close the window at the loader's last batch.
+  bool sync_each_batch = false;
+  bool sync_with_dataloader = true;
+  // Departures from Accelerate, each with Accelerate's arithmetic as an option.
+  std::string short_window_loss_division = "window";  // "steps": divide by N, as Accelerate
+  bool scheduler_steps_per_process = false;  // true: num_processes steps unless split_batches
+  std::string pad_out_of_range_dim = "error";  // "unchanged": return the tensor, as Accelerate
   int num_cpu_threads_per_process = 0;  // 0: cores / local processes
   int max_restarts = 0;  // hasten launch: restarts of all workers after a failure
   bool tee = false;

@@ -52,6 +52,8 @@ class PreparedDataLoader {
   // Batches per epoch on this rank.
   size_t size() const { return static_cast<size_t>(engine_->loader_num_batches(loader_)); }
   Dataset& dataset() const { return *dataset_; }
+  // Its index among the Accelerator's loaders (GradientState::active_dataloader).
+  size_t index() const { return loader_; }
 
  private:
   std::shared_ptr<Dataset> dataset_;

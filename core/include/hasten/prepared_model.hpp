@@ -75,6 +75,7 @@ class PreparedModel {
   template <class... Args>
   auto forward(Args&&... args) {
     engine_->forward_begins();
+    engine_->model_called(index_);
     detail::AutocastGuard guard(*engine_);
     if (!engine_->unit_events()) {
       auto out = module_->forward(std::forward<Args>(args)...);

@@ -10,7 +10,8 @@ namespace hasten {
 
 // A learning-rate scheduler after prepare: step() advances the schedule once per real
 // optimizer step (not on accumulation micro-batches, not when the step was skipped), unless
-// step_scheduler_with_optimizer is false.
+// step_scheduler_with_optimizer is false; num_processes times per optimizer step with
+// scheduler_steps_per_process (unless split_batches), as Accelerate's AcceleratedScheduler.
 template <class S>
 class PreparedScheduler {
  public:
@@ -22,8 +23,11 @@ class PreparedScheduler {
   }
   void step() {
     if (!engine_->scheduler_should_step()) return;
-    scheduler_->step();
-    engine_->scheduler_stepped(index_);
+    // Once, or num_processes times with scheduler_steps_per_process (Accelerate's arithmetic).
+    for (int i = 0, n = engine_->scheduler_steps_per_call(); i < n; ++i) {
+      scheduler_->step();
+      engine_->scheduler_stepped(index_);
+    }
   }
   S& scheduler() const { return *scheduler_; }
   S* operator->() const { return scheduler_.get(); }

@@ -1,5 +1,6 @@
 // The scopes an Accelerator hands out for a block of a training loop: one micro-batch under
-// gradient accumulation, an autocast region, and main-process-first ordering.
+// gradient accumulation, no_sync and trigger_sync_in_backward, join_uneven_inputs, an autocast
+// region, and main-process-first ordering.
 #pragma once
 
 #include <hasten/detail/engine.hpp>
@@ -32,6 +33,63 @@ class [[nodiscard]] AccumulateScope {
  private:
   std::shared_ptr<detail::Engine> engine_;
   std::vector<size_t> models_;
+};
+
+// A scope that keeps the given models' gradients local (Accelerator::no_sync), or makes the
+// backward inside it reduce them (Accelerator::trigger_sync_in_backward).
+class [[nodiscard]] GradientSyncScope {
+ public:
+  GradientSyncScope(std::shared_ptr<detail::Engine> engine, std::vector<size_t> models, bool trigger)
+      : engine_(std::move(engine)), models_(std::move(models)), trigger_(trigger) {
+    if (trigger_)
+      engine_->trigger_sync_begin(models_);
+    else
+      engine_->no_sync_begin(models_);
+  }
+  ~GradientSyncScope() {
+    if (!engine_) return;
+    if (trigger_)
+      engine_->trigger_sync_end(models_);
+    else
+      engine_->no_sync_end(models_);
+  }
+  GradientSyncScope(GradientSyncScope&& other) noexcept
+      : engine_(std::move(other.engine_)), models_(std::move(other.models_)), trigger_(other.trigger_) {}
+  GradientSyncScope(const GradientSyncScope&) = delete;
+  GradientSyncScope& operator=(const GradientSyncScope&) = delete;
+  GradientSyncScope& operator=(GradientSyncScope&&) = delete;
+
+ private:
+  std::shared_ptr<detail::Engine> engine_;
+  std::vector<size_t> models_;
+  bool trigger_;
+};
+
+// The scope of Accelerator::join_uneven_inputs: when it ends, a rank that ran out of batches
+// answers the other ranks' gradient reductions until every rank has reached its end (a
+// collective). Ended by an exception, it only restores the state (no collective).
+class [[nodiscard]] JoinScope {
+ public:
+  JoinScope(std::shared_ptr<detail::Engine> engine, const std::vector<size_t>& models, const JoinOptions& options)
+      : engine_(std::move(engine)) {
+    engine_->join_begin(models, options);
+  }
+  ~JoinScope() noexcept(false) {
+    if (!engine_) return;
+    if (std::uncaught_exceptions() > uncaught_) {
+      engine_->join_abandon();
+      return;
+    }
+    engine_->join_end();
+  }
+  JoinScope(JoinScope&& other) noexcept : engine_(std::move(other.engine_)), uncaught_(other.uncaught_) {}
+  JoinScope(const JoinScope&) = delete;
+  JoinScope& operator=(const JoinScope&) = delete;
+  JoinScope& operator=(JoinScope&&) = delete;
+
+ private:
+  std::shared_ptr<detail::Engine> engine_;
+  int uncaught_ = std::uncaught_exceptions();
 };
 
 // Mixed-precision autocast for code outside a prepared model's forward (a loss, say).

@@ -4,6 +4,7 @@
 
 #include <hasten/config.hpp>
 #include <hasten/data.hpp>
+#include <hasten/gradient_state.hpp>
 #include <hasten/process.hpp>
 #include <hasten/unit.hpp>
 
@@ -91,6 +92,21 @@ class Engine {
   void end_accumulate(const std::vector<size_t>& models) noexcept;
   bool sync_gradients() const;
   int gradient_accumulation_steps() const;
+  GradientState gradient_state() const;
+  // no_sync and trigger_sync_in_backward scopes (gradient_sync.cpp), and a prepared model's
+  // call (a forward under no_sync keeps its backward local, as DDP decides at forward).
+  void no_sync_begin(const std::vector<size_t>& models);
+  void no_sync_end(const std::vector<size_t>& models) noexcept;
+  void trigger_sync_begin(const std::vector<size_t>& models);
+  void trigger_sync_end(const std::vector<size_t>& models) noexcept;
+  void model_called(size_t model);
+  // join_uneven_inputs (join.cpp): begin applies the even_batches override; end answers the
+  // other ranks' gradient reductions until every rank has joined.
+  void join_begin(const std::vector<size_t>& models, const JoinOptions& options);
+  void join_end();
+  void join_abandon() noexcept;
+  // How many times a prepared scheduler's step() steps it (scheduler_steps_per_process).
+  int scheduler_steps_per_call() const;
 
   void backward(const torch::Tensor& loss, bool retain_graph);
   double clip_grad_norm(size_t model, double max_norm, double norm_type);
