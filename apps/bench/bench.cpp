@@ -131,25 +131,35 @@ uint64_t bytes_under(const std::filesystem::path& dir) {
   return total;
 }
 
-// Seconds to write `bytes` sequentially into a new file and fsync it, then to read it back:
-// the plain file I/O a checkpoint is compared with, on the same disk.
-std::pair<double, double> plain_io(const std::filesystem::path& file, uint64_t bytes) {
+// Seconds to write `write_bytes` sequentially into a new file and fsync it, then to read
+// `read_bytes` of it back into memory that holds them (allocated and touched beforehand, as a
+// model's parameters and optimizer state are): the plain file I/O a checkpoint is compared
+// with, on the same disk. A file shorter than read_bytes is first extended, untimed.
+std::pair<double, double> plain_io(const std::filesystem::path& file, uint64_t write_bytes, uint64_t read_bytes) {
   using Clock = std::chrono::steady_clock;
   std::vector<char> buf(8 << 20, 1);
+  auto write_part = [&](int fd, uint64_t bytes) {
+    for (uint64_t left = bytes; left > 0;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(left, buf.size()));
+      if (::write(fd, buf.data(), n) != static_cast<ssize_t>(n)) throw hasten::Error("write failed: '" + file.string() + "'");
+      left -= n;
+    }
+    ::fsync(fd);
+  };
   auto t0 = Clock::now();
   const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw hasten::Error("cannot write '" + file.string() + "'");
-  for (uint64_t left = bytes; left > 0;) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(left, buf.size()));
-    if (::write(fd, buf.data(), n) != static_cast<ssize_t>(n)) throw hasten::Error("write failed: '" + file.string() + "'");
-    left -= n;
-  }
-  ::fsync(fd);
-  ::close(fd);
+  write_part(fd, write_bytes);
   const double write_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (read_bytes > write_bytes) write_part(fd, read_bytes - write_bytes);
+  ::close(fd);
+  std::vector<char> dst(static_cast<size_t>(read_bytes), 0);  // touched: its pages exist, as the state's do
   t0 = Clock::now();
   const int in = ::open(file.c_str(), O_RDONLY);
-  while (::read(in, buf.data(), buf.size()) > 0) {
+  for (uint64_t done = 0; done < read_bytes;) {
+    const ssize_t n = ::read(in, dst.data() + done, static_cast<size_t>(std::min<uint64_t>(read_bytes - done, 8 << 20)));
+    if (n <= 0) break;
+    done += static_cast<uint64_t>(n);
   }
   ::close(in);
   const double read_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -193,14 +203,19 @@ void checkpoints(const std::string& workload, const Mode& mode, const std::strin
           loads.push_back(slowest(std::chrono::duration<double>(Clock::now() - t0).count()));
         }
         const uint64_t bytes = bytes_under(last);
-        // Each rank's share of the plain I/O: what it wrote (rank 0 the manifest's others).
+        // Each rank writes its share of the checkpoint's bytes and reads back the bytes it
+        // must load: the state it holds (parameters or their shards, and optimizer state),
+        // all of it under ddp (every rank holds everything), its shards under zero/fsdp.
+        const hasten::MemoryReport held = acc.memory_report();
+        const uint64_t must_load = held.params + held.param_shards + held.optimizer;
         const auto [write_s, read_s] = plain_io(std::filesystem::path(dir) / (".plain" + std::to_string(acc.process_index())),
-                                                bytes / static_cast<uint64_t>(acc.num_processes()));
+                                                bytes / static_cast<uint64_t>(acc.num_processes()), must_load);
+        const uint64_t most_load = static_cast<uint64_t>(slowest(static_cast<double>(must_load)));
         const double plain_write = slowest(write_s), plain_read = slowest(read_s);
         const double save = median(saves), load = median(loads);
         if (acc.is_main_process())
           std::cout << nlohmann::ordered_json{{"impl", "hasten"}, {"bench", "checkpoint"}, {"workload", workload},
-                                              {"mode", mode.name}, {"bytes", bytes}, {"save_s", save}, {"load_s", load},
+                                              {"mode", mode.name}, {"bytes", bytes}, {"load_bytes_per_rank", most_load}, {"save_s", save}, {"load_s", load},
                                               {"plain_write_s", plain_write}, {"plain_read_s", plain_read},
                                               {"save_vs_plain", plain_write / save}, {"load_vs_plain", plain_read / load}}
                            .dump()

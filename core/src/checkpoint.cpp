@@ -189,9 +189,9 @@ std::string Engine::save_state(const std::string& requested) {
     const NamedTensors full = state_dict(i, 0);  // rank 0 holds them
     if (main)
       attempt([&] {
-        files.push_back(write_file(tmp, model_file(i), [&](const ByteSink& sink) {
-          write_safetensors(full, {{"format", "pt"}}, sink);
-        }));
+        files.push_back(write_file(
+            tmp, model_file(i), [&](const ByteSink& sink) { write_safetensors(full, {{"format", "pt"}}, sink); },
+            kChunkSize));  // chunk checksums: a sharding strategy's ranks read only their slices
       });
   }
   // Tests only: HASTEN_TEST_CRASH_IN_SAVE=N kills rank HASTEN_TEST_CRASH_RANK (default 0) with
@@ -408,14 +408,6 @@ std::string Engine::load_state(const std::string& requested) try {
         throw Error("load_state: data loader " + std::to_string(id) + " had " + std::to_string(l.value("dataset_size", 0)) +
                     " samples when saved, now " + std::to_string(s.loaders[id].spec.dataset_size));
     }
-    const bool listed_grads = [&] {
-      for (size_t i = 0; i < s.models.size(); ++i)
-        if (manifest["files"].contains(gradients_file(i, rank))) return true;
-      return false;
-    }();
-    if (listed_grads && saved_world != world)
-      throw Error("load_state: '" + dir.string() + "' was saved in the middle of an accumulation window by " +
-                  std::to_string(saved_world) + " ranks; its partial gradients load only on as many ranks");
 
     // A failure on one rank is every rank's: each phase ends with all ranks agreeing, before
     // anything collective runs, so that no rank waits for one that stopped.
@@ -451,8 +443,40 @@ std::string Engine::load_state(const std::string& requested) try {
     // "<m>:<param>" -> its number of elements as saved (a sharding strategy's parameters may
     // be freed, empty tensors, at rest): the size of each full optimizer state tensor.
     std::map<std::string, int64_t> saved_numel;
+    std::vector<bool> loaded_in_ranges(s.models.size(), false);
     for (size_t i = 0; i < s.models.size(); ++i)
       attempt([&] {
+        if (sharded && s.strategy->has_load_state_dict_ranges() && RangedFile::available(manifest, model_file(i))) {
+          // Each rank reads only the ranges its strategy keeps (ABI 1.5), verifying the chunks
+          // it touches; the names are checked here, the shapes as the strategy asks.
+          RangedFile file(dir, model_file(i), manifest);
+          std::map<std::string, const SafetensorsEntry*> entries;
+          for (auto& e : file.header().tensors) {
+            entries[e.name] = &e;
+            saved_numel[std::to_string(i) + ":" + e.name] = c10::multiply_integers(e.shape);
+          }
+          torch::nn::Module& module = *s.models[i].module;
+          std::set<std::string> names;
+          for (auto& named : module.named_parameters()) names.insert(named.key());
+          for (auto& named : module.named_buffers()) names.insert(named.key());
+          for (auto& n : names)
+            if (!entries.count(n)) throw Error("load_state: '" + file.path() + "' has no tensor '" + n + "', which the model has");
+          for (auto& [n, e] : entries)
+            if (!names.count(n)) throw Error("load_state: '" + file.path() + "' has '" + n + "', which the model does not");
+          torch::NoGradGuard no_grad;
+          s.strategy->load_state_dict_ranges(module, [&](const std::string& name, c10::IntArrayRef shape, int64_t offset,
+                                                         torch::Tensor& dst) {
+            auto it = entries.find(name);
+            if (it == entries.end())
+              throw Error("load_state: '" + file.path() + "' has no tensor '" + name + "', which the model has");
+            if (c10::IntArrayRef(it->second->shape) != shape)
+              throw Error("load_state: '" + file.path() + "': '" + name + "' has shape " +
+                          c10::str(c10::IntArrayRef(it->second->shape)) + ", the model's is " + c10::str(shape));
+            file.read(*it->second, offset, dst);
+          });
+          loaded_in_ranges[i] = true;
+          return;
+        }
         if (sharded) {
           model_tensors[i] = read_checked(dir, model_file(i), manifest);
           for (auto& [n, t] : model_tensors[i]) saved_numel[std::to_string(i) + ":" + n] = t.numel();
@@ -471,7 +495,8 @@ std::string Engine::load_state(const std::string& requested) try {
       });
     agree();
     if (sharded)
-      for (size_t i = 0; i < s.models.size(); ++i) s.strategy->load_state_dict(*s.models[i].module, model_tensors[i]);
+      for (size_t i = 0; i < s.models.size(); ++i)
+        if (!loaded_in_ranges[i]) s.strategy->load_state_dict(*s.models[i].module, model_tensors[i]);
     model_tensors.clear();
 
     // Optimizers.
@@ -609,8 +634,38 @@ std::string Engine::load_state(const std::string& requested) try {
     std::vector<std::string> custom_bytes(s.checkpoint_objects.size());
     attempt([&] {
       if (manifest["files"].contains(rng_file(rank))) rng = read_checked(dir, rng_file(rank), manifest);
-      for (size_t i = 0; i < s.models.size(); ++i)
-        if (manifest["files"].contains(gradients_file(i, rank))) grads[i] = read_checked(dir, gradients_file(i, rank), manifest);
+      for (size_t i = 0; i < s.models.size(); ++i) {
+        if (saved_world == world) {
+          if (manifest["files"].contains(gradients_file(i, rank))) grads[i] = read_checked(dir, gradients_file(i, rank), manifest);
+          continue;
+        }
+        // Another number of ranks: the window's synchronising micro-batch averages the ranks'
+        // local gradients, so the saved ranks' part of that average is their mean. Every rank
+        // of this run takes that mean as its own partial gradients; the average over this
+        // run's ranks then holds exactly the saved part, and the window's remaining
+        // micro-batches add their own mean as they would have.
+        std::vector<std::string> order;
+        std::map<std::string, torch::Tensor> sum;
+        bool any = false;
+        for (int r = 0; r < saved_world; ++r) {
+          if (!manifest["files"].contains(gradients_file(i, r))) continue;
+          any = true;
+          for (auto& [name, g] : read_checked(dir, gradients_file(i, r), manifest)) {
+            auto it = sum.find(name);
+            if (it == sum.end()) {
+              order.push_back(name);
+              sum.emplace(name, g);
+            } else if (it->second.sizes() != g.sizes()) {
+              throw Error("load_state: '" + (dir / gradients_file(i, r)).string() + "': the gradient of '" + name +
+                          "' has shape " + c10::str(g.sizes()) + ", another rank's " + c10::str(it->second.sizes()));
+            } else {
+              it->second.add_(g);
+            }
+          }
+        }
+        if (!any) continue;
+        for (auto& name : order) grads[i].emplace_back(name, sum[name].div_(saved_world));
+      }
       for (size_t i = 0; i < s.checkpoint_objects.size(); ++i) {
         const bool tensors = static_cast<bool>(s.checkpoint_objects[i].load_tensors);
         if (tensors)

@@ -43,15 +43,23 @@ constexpr const char* kManifest = "manifest.json";
 
 }  // namespace
 
-FileRecord write_file(const fs::path& dir, const std::string& name, const std::function<void(const ByteSink&)>& produce) {
+FileRecord write_file(const fs::path& dir, const std::string& name, const std::function<void(const ByteSink&)>& produce,
+                      uint64_t chunk_size) {
   const fs::path path = dir / name;
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) io_error("create", path);
-  FileRecord rec{name, 0, 0};
+  FileRecord rec{name, 0, 0, chunk_size, {}};
   try {
     produce([&](const void* data, size_t size) {
       const auto* p = static_cast<const char*>(data);
       rec.crc32c = crc32c_update(rec.crc32c, p, size);
+      for (size_t done = 0; chunk_size > 0 && done < size;) {
+        const uint64_t at = rec.size + done;  // a new chunk begins at every multiple of chunk_size
+        if (at % chunk_size == 0) rec.chunk_crc32c.push_back(0);
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(size - done, chunk_size - at % chunk_size));
+        rec.chunk_crc32c.back() = crc32c_update(rec.chunk_crc32c.back(), p + done, n);
+        done += n;
+      }
       rec.size += size;
       while (size > 0) {
         const ssize_t n = ::write(fd, p, size);
@@ -84,7 +92,15 @@ std::string read_file(const fs::path& path) {
 
 void write_rank_files(const fs::path& tmp, int rank, const std::vector<FileRecord>& files) {
   json list = json::object();
-  for (auto& f : files) list[f.name] = {{"size", f.size}, {"crc32c", crc_text(f.crc32c)}};
+  for (auto& f : files) {
+    list[f.name] = {{"size", f.size}, {"crc32c", crc_text(f.crc32c)}};
+    if (f.chunk_size > 0) {
+      json chunks = json::array();
+      for (uint32_t c : f.chunk_crc32c) chunks.push_back(crc_text(c));
+      list[f.name]["chunk_size"] = f.chunk_size;
+      list[f.name]["chunks"] = chunks;
+    }
+  }
   write_file(tmp, ".files." + std::to_string(rank) + ".json", list.dump());
 }
 

@@ -19,13 +19,22 @@ struct FileRecord {
   std::string name;  // relative to the checkpoint directory
   uint64_t size = 0;
   uint32_t crc32c = 0;
+  // With chunk_size > 0, also the CRC-32C of each chunk_size bytes (the last one shorter):
+  // a rank that reads only ranges of the file verifies the chunks it touches.
+  uint64_t chunk_size = 0;
+  std::vector<uint32_t> chunk_crc32c;
 };
 
+// The chunk size of files that ranks read in ranges (model.safetensors under a sharding
+// strategy): small enough that rounding a range out to whole chunks reads little extra.
+constexpr uint64_t kChunkSize = uint64_t{1} << 20;
+
 // Writes a file durably (written, fsync'ed) through `produce`, which calls the sink with the
-// file's bytes in order. Throws Error naming the path (disk full, permission).
+// file's bytes in order; chunk_size > 0 records the chunks' checksums too. Throws Error naming
+// the path (disk full, permission).
 using ByteSink = std::function<void(const void* data, size_t size)>;
 FileRecord write_file(const std::filesystem::path& dir, const std::string& name,
-                      const std::function<void(const ByteSink&)>& produce);
+                      const std::function<void(const ByteSink&)>& produce, uint64_t chunk_size = 0);
 FileRecord write_file(const std::filesystem::path& dir, const std::string& name, const std::string& bytes);
 
 // Reads a whole file; throws Error naming it.

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace hasten::detail {
 
@@ -41,5 +42,38 @@ std::string read_checked_bytes(const std::filesystem::path& dir, const std::stri
 
 // Verifies one listed file's checksum without keeping its bytes (files no rank loads).
 void verify_checked(const std::filesystem::path& dir, const std::string& name, const nlohmann::json& manifest);
+
+// A safetensors file of a checkpoint read in ranges, so that a rank reads only the slices it
+// keeps: every range is rounded out to the chunks whose CRC-32C the manifest lists
+// (checkpoint_files.hpp, kChunkSize), and each chunk touched is verified as it is read.
+class RangedFile {
+ public:
+  // Whether the manifest lists the file's chunk checksums (checkpoints written before they
+  // existed do not: such a file is read whole, read_checked).
+  static bool available(const nlohmann::json& manifest, const std::string& name);
+  // Opens the file, checks its size and reads and verifies its header (CorruptCheckpointFile
+  // when damaged, Error when well-formed but not safetensors).
+  RangedFile(const std::filesystem::path& dir, const std::string& name, const nlohmann::json& manifest);
+  ~RangedFile();
+  RangedFile(const RangedFile&) = delete;
+  RangedFile& operator=(const RangedFile&) = delete;
+
+  const SafetensorsHeader& header() const { return header_; }
+  const std::string& path() const { return path_; }
+  // Elements [offset, offset + dst.numel()) of entry e, flattened, into dst (any shape, device
+  // and dtype: read straight into it when it is a contiguous CPU tensor of e's dtype).
+  void read(const SafetensorsEntry& e, int64_t offset, torch::Tensor& dst);
+
+ private:
+  void read_bytes(uint64_t begin, uint64_t end, char* dst);
+  void read_chunk(uint64_t chunk, char* dst);
+
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0, chunk_size_ = 0;
+  std::vector<std::string> chunk_crc_;
+  std::vector<char> scratch_;
+  SafetensorsHeader header_;
+};
 
 }  // namespace hasten::detail

@@ -1,6 +1,7 @@
 // The host's view of a strategy plugin instance (torch tier).
 #pragma once
 
+#include <exception>
 #include <functional>
 
 #include <torch/nn/module.h>
@@ -94,6 +95,34 @@ class StrategyInstance : public PluginInstance {
       return vt().strategy.load_state_dict(instance_, h(model), b.names.data(), b.values.data(),
                                            static_cast<uint32_t>(b.names.size()));
     });
+  }
+  // ABI 1.5: the strategy asks for the ranges it keeps; `read` fills them (throwing what it
+  // likes: the first exception it threw is rethrown here as it was, a damaged file included).
+  using ReadRange = std::function<void(const std::string& name, c10::IntArrayRef shape, int64_t offset, torch::Tensor& dst)>;
+  bool has_load_state_dict_ranges() const { return vt().strategy.load_state_dict_ranges != nullptr; }
+  void load_state_dict_ranges(torch::nn::Module& model, const ReadRange& read) {
+    struct Ctx {
+      const ReadRange* read;
+      std::exception_ptr error;
+    } ctx{&read, nullptr};
+    auto trampoline = [](void* c, const char* name, const int64_t* shape, uint32_t ndim, int64_t offset,
+                         hasten_tensor* dst) -> hasten_status {
+      auto* x = static_cast<Ctx*>(c);
+      try {
+        (*x->read)(name, c10::IntArrayRef(shape, ndim), offset, *reinterpret_cast<torch::Tensor*>(dst));
+        return HASTEN_OK;
+      } catch (...) {
+        if (!x->error) x->error = std::current_exception();
+        return HASTEN_ERR_INVALID_ARGUMENT;
+      }
+    };
+    try {
+      call("load_state_dict_ranges", [&] { return vt().strategy.load_state_dict_ranges(instance_, h(model), trampoline, &ctx); });
+    } catch (...) {
+      if (ctx.error) std::rethrow_exception(ctx.error);
+      throw;
+    }
+    if (ctx.error) std::rethrow_exception(ctx.error);  // a strategy that swallowed the failure
   }
   bool has_optimizer_state() const { return vt().strategy.optimizer_state != nullptr; }
   std::vector<std::pair<std::string, torch::Tensor>> optimizer_state(torch::optim::Optimizer& optimizer,

@@ -470,6 +470,132 @@ TEST(Checkpoint, ReshardingZero3From2To3And1RanksKeepsEveryTensor) {
   }
 }
 
+// Under a sharding strategy each rank reads only its slices of model.safetensors (ABI 1.5
+// load_state_dict_ranges), verifying the 1 MiB chunks it touches; a checkpoint whose manifest
+// lists no chunk checksums (written before they existed) is read whole (ABI 1.3
+// load_state_dict) to the same state; a flipped bit in the model file is refused on every rank.
+TEST(Checkpoint, SlicedAndWholeModelReadsLoadTheSameStateAndDamageIsRefused) {
+  hasten::test::TempDir dir;
+  const fs::path p2 = dir.path() / "two", old = dir.path() / "old", bad = dir.path() / "bad";
+  const fs::path r1 = dir.path() / "r1", r2 = dir.path() / "r2", x = dir.path() / "x", y = dir.path() / "y";
+  for (auto& d : {x, y}) fs::create_directories(d);
+  hasten::launch([&] { train("zero3", p2, 20, false, true, dir.path()); }, ranks(2));
+  const fs::path ckpt = p2 / "checkpoints" / "checkpoint_0";
+  const auto manifest = nlohmann::json::parse(hasten::test::TempDir::read_file(ckpt / "manifest.json"));
+  ASSERT_TRUE(manifest["files"]["model.safetensors"].contains("chunks"));
+  EXPECT_EQ(manifest["files"]["model.safetensors"]["chunk_size"].get<uint64_t>(), uint64_t{1} << 20);
+  for (auto& d : {old, bad}) fs::copy(p2, d, fs::copy_options::recursive);
+  {  // the manifest of a checkpoint written before chunk checksums existed
+    auto m = manifest;
+    for (auto& [name, f] : m["files"].items()) f.erase("chunks"), f.erase("chunk_size");
+    std::ofstream(old / "checkpoints" / "checkpoint_0" / "manifest.json") << m.dump(1);
+  }
+  // 2 zero3 ranks -> 3 zero3 ranks, sliced and whole, each saved again and read on 1 rank.
+  for (auto& [from, to] : {std::pair{p2, r1}, std::pair{old, r2}}) {
+    hasten::launch([&] { load_and_dump("zero3", from, {}, to); }, ranks(3));
+    fs::create_directories(to / "checkpoints");
+    fs::rename(to / "checkpoint", to / "checkpoints" / "checkpoint_0");
+  }
+  hasten::launch([&] { load_and_dump("single", r1, x, {}); }, ranks(1));
+  hasten::launch([&] { load_and_dump("single", r2, y, {}); }, ranks(1));
+  auto a = hasten::load_safetensors((x / "state.safetensors").string());
+  auto b = hasten::load_safetensors((y / "state.safetensors").string());
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_GT(a.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first << ": sliced and whole reads differ";
+  }
+  const fs::path model = bad / "checkpoints" / "checkpoint_0" / "model.safetensors";
+  flip_a_byte(model, static_cast<size_t>(fs::file_size(model)) - 3);  // the last tensor's data
+  hasten::launch([&] { load_error("zero3", bad / "checkpoints" / "checkpoint_0", dir.path()); }, ranks(2));
+  for (int r = 0; r < 2; ++r) {
+    const std::string e = hasten::test::TempDir::read_file(dir.path() / ("error_" + std::to_string(r) + ".txt"));
+    EXPECT_NE(e.find("model.safetensors' does not match its checksum (corrupt"), std::string::npos) << "rank " << r << ": " << e;
+  }
+}
+
+namespace {
+
+struct PlainNetImpl : torch::nn::Module {
+  PlainNetImpl() {
+    fc1 = register_module("fc1", hasten::Unit<torch::nn::Linear>(6, 16));
+    fc2 = register_module("fc2", hasten::Unit<torch::nn::Linear>(16, 3));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(fc1(x))); }
+  hasten::Unit<torch::nn::Linear> fc1{nullptr}, fc2{nullptr};
+};
+
+// A run whose global batch is 12 samples whatever its number of ranks (12 / world each), so
+// that runs on 1, 2 and 3 ranks see the same samples per optimizer step: no dropout, SGD with
+// momentum (linear in the gradients), accumulation of 2. Trains `until` micro-batches,
+// saving at the end when asked; writes the full parameters to `out`.
+void train_global_batch(const std::string& strategy, int world, const fs::path& project, int until, bool resume, bool save,
+                        const fs::path& out) {
+  Options o;
+  o.strategy = strategy;
+  o.gradient_accumulation_steps = 2;
+  o.project_dir = project.string();
+  Accelerator acc(o);
+  torch::manual_seed(7);
+  auto net = std::make_shared<PlainNetImpl>();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  auto x = torch::randn({48, 6});
+  auto y = torch::randint(0, 3, {48});
+  hasten::DataLoader data(hasten::TensorDataset(x, y), {.batch_size = 12 / world, .shuffle = true, .seed = 3});
+  auto [model, opt, loader] = acc.prepare(net, sgd, data);
+  Counter micro;
+  acc.register_for_checkpointing(micro);
+  if (resume) acc.load_state();
+  while (micro.value < until) {
+    for (auto& b : loader) {
+      auto scope = acc.accumulate(model);
+      acc.backward(F::cross_entropy(model(b.input), b.target));
+      opt.step();
+      opt.zero_grad();
+      if (++micro.value == until) {
+        if (save) acc.save_state();
+        break;
+      }
+    }
+  }
+  auto full = acc.get_state_dict(model);
+  if (acc.is_main_process()) hasten::save_safetensors((out / "params.safetensors").string(), full);
+}
+
+}  // namespace
+
+// A zero3 checkpoint of 2 ranks saved after micro-batch 5 (the middle of a window of 2) holds
+// each rank's partial gradients; on 3 zero3 ranks and on 1 rank (single) every rank takes
+// their mean, so the window's average comes out as on 2 ranks, and training continues to
+// the parameters of the uninterrupted 2-rank run. Not bitwise: the same sums are added in
+// another order (3 or 1 ranks' partial sums, and the mean of the saved ones), so the
+// parameters agree to float32 rounding, far below what one lost micro-batch would change.
+TEST(Checkpoint, MidWindowGradientsReshardFrom2To3And1Ranks) {
+  hasten::test::TempDir dir;
+  const fs::path whole = dir.path() / "whole", parts = dir.path() / "parts";
+  const fs::path a = dir.path() / "a", b = dir.path() / "b", c = dir.path() / "c";
+  for (auto& d : {a, b, c}) fs::create_directories(d);
+  hasten::launch([&] { train_global_batch("zero3", 2, whole, 10, false, false, a); }, ranks(2));
+  hasten::launch([&] { train_global_batch("zero3", 2, parts, 5, false, true, dir.path()); }, ranks(2));
+  const fs::path ckpt = parts / "checkpoints" / "checkpoint_0";
+  ASSERT_TRUE(fs::exists(ckpt / "gradients.rank1.safetensors")) << "the save was meant to be mid-window";
+  hasten::launch([&] { train_global_batch("zero3", 3, parts, 10, true, false, b); }, ranks(3));
+  hasten::launch([&] { train_global_batch("single", 1, parts, 10, true, false, c); }, ranks(1));
+  auto expected = hasten::load_safetensors((a / "params.safetensors").string());
+  ASSERT_EQ(expected.size(), 4u);
+  for (auto& out : {b, c}) {
+    auto got = hasten::load_safetensors((out / "params.safetensors").string());
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].first, expected[i].first);
+      EXPECT_TRUE(torch::allclose(got[i].second, expected[i].second, 1e-5, 1e-6))
+          << out.filename() << ": " << got[i].first << " differs by "
+          << (got[i].second - expected[i].second).abs().max().item<double>();
+    }
+  }
+}
+
 // The shard is written under a temporary name and cannot take its final one (a non-empty
 // directory has it): save_model fails and leaves no temporary file behind.
 TEST(Weights, AFailedSaveModelLeavesNoTemporaryShard) {
@@ -638,13 +764,18 @@ TEST(Checkpoint, TheManifestChecksumOfALargeFileIsItsCrc32c) {
   o.project_dir = dir.path().string();
   Accelerator acc(o);
   torch::manual_seed(5);
-  torch::nn::Linear big(301, 299);  // about 360 KB of weights: many stretches and a remainder
+  torch::nn::Linear big(701, 401);  // about 1.1 MB of weights: many stretches, a remainder, two chunks
   auto prepared = acc.prepare(big);
   (void)prepared;
   const fs::path ckpt = acc.save_state();
   const auto manifest = nlohmann::json::parse(hasten::test::TempDir::read_file(ckpt / "manifest.json"));
   const std::string bytes = hasten::test::TempDir::read_file(ckpt / "model.safetensors");
-  ASSERT_GT(bytes.size(), 300000u);
+  ASSERT_GT(bytes.size(), 1100000u);
   EXPECT_EQ(manifest["files"]["model.safetensors"]["crc32c"].get<std::string>(), crc32c_text(bytes));
+  // And each 1 MiB chunk's, for the ranks that read only slices.
+  const auto& chunks = manifest["files"]["model.safetensors"]["chunks"];
+  ASSERT_EQ(chunks.size(), 2u);
+  EXPECT_EQ(chunks[0].get<std::string>(), crc32c_text(bytes.substr(0, 1 << 20)));
+  EXPECT_EQ(chunks[1].get<std::string>(), crc32c_text(bytes.substr(1 << 20)));
   EXPECT_EQ(acc.load_state(ckpt.string()), ckpt.string());
 }

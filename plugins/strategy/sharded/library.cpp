@@ -28,6 +28,7 @@ class ZeroStrategy final : public hasten::sdk::Strategy {
   void memory_report(hasten_memory_report& r) override { impl_.memory_report(r); }                            \
   void state_dict(torch::nn::Module& m, int32_t k, const Emit& e) override { impl_.state_dict(m, k, e); }      \
   void load_state_dict(torch::nn::Module& m, const NamedTensorRefs& t) override { impl_.load_state_dict(m, t); } \
+  void load_state_dict_ranges(torch::nn::Module& m, const ReadRange& r) override { impl_.load_state_dict_ranges(m, r); } \
   void optimizer_state(torch::optim::Optimizer& o, torch::nn::Module& m, const Emit& e) override {            \
     impl_.optimizer_state(o, m, e);                                                                             \
   }                                                                                                             \

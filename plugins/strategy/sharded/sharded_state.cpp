@@ -99,6 +99,39 @@ void ShardedStrategy::load_state_dict(torch::nn::Module& module, const NamedTens
                 options_.label + ": the state dict has '" + by_name.begin()->first + "', which the model does not");
 }
 
+void ShardedStrategy::load_state_dict_ranges(torch::nn::Module& module, const ReadRange& read) {
+  Model& m = find(module);
+  torch::NoGradGuard no_grad;
+  // As load_state_dict, but each rank asks only for what it keeps: its slice of every sharded
+  // parameter into the master shard (the whole parameter into the flat buffer while it lives),
+  // and the parameters and buffers nothing shards.
+  for (auto& u : m.units) {
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      const int64_t numel = c10::multiply_integers(u.shapes[i]), begin = u.offsets[i], end = begin + numel;
+      at::Tensor live;
+      if (u.params_live) {
+        live = u.flat.narrow(0, begin, numel);
+        read(u.names[i], u.shapes[i], 0, live);
+      }
+      if (options_.stage >= 1) {
+        const int64_t lo = std::max<int64_t>(begin, rank_ * u.shard), hi = std::min<int64_t>(end, (rank_ + 1) * u.shard);
+        if (lo >= hi) continue;
+        at::Tensor shard = u.master.narrow(0, lo - rank_ * u.shard, hi - lo);
+        if (live.defined() && live.scalar_type() == shard.scalar_type())
+          shard.copy_(live.narrow(0, lo - begin, hi - lo));  // the same bytes, already read
+        else
+          read(u.names[i], u.shapes[i], lo - begin, shard);  // another dtype: from the file's values
+      }
+    }
+  }
+  std::set<const void*> sharded;
+  for (auto& u : m.units)
+    for (auto& p : u.params) sharded.insert(p.unsafeGetTensorImpl());
+  for (auto& named : module.named_parameters())
+    if (!sharded.count(named.value().unsafeGetTensorImpl())) read(named.key(), named.value().sizes(), 0, named.value());
+  for (auto& named : module.named_buffers()) read(named.key(), named.value().sizes(), 0, named.value());
+}
+
 void ShardedStrategy::optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& module, const Emit& emit) {
   Model& m = find(module);
   for (uint32_t k = 0; k < m.units.size(); ++k) {

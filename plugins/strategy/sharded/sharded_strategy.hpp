@@ -64,6 +64,7 @@ class ShardedStrategy final : public sdk::Strategy {
   void memory_report(hasten_memory_report& out) override;
   void state_dict(torch::nn::Module& model, int32_t kind, const Emit& emit) override;
   void load_state_dict(torch::nn::Module& model, const NamedTensorRefs& tensors) override;
+  void load_state_dict_ranges(torch::nn::Module& model, const ReadRange& read) override;
   void optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& model, const Emit& emit) override;
   void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& model,
                             const NamedTensorRefs& tensors) override;

@@ -1,5 +1,5 @@
 /*
- * hasten plugin ABI, version 1.3.
+ * hasten plugin ABI, version 1.5.
  *
  * The one contract between the hasten core (the "host") and its plugins: strategies,
  * precision, trackers and communication backends. C99, no LibTorch, no C++.
@@ -35,6 +35,7 @@
  *     1.3    strategy slots load_state_dict, optimizer_state and load_optimizer_state
  *            (checkpoints save and load what the strategy shards, on any number of ranks).
  *     1.4    hasten_comm_init.connect_timeout_ms (set-up is bounded apart from collectives).
+ *     1.5    strategy slot load_state_dict_ranges (each rank reads only the slice it keeps).
  *
  * - Tensors in asynchronous calls: a DLTensor struct passed to any call (and its shape and
  *   strides arrays) is borrowed for the duration of the call only; a callee that needs them
@@ -73,7 +74,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------ */
 
 #define HASTEN_ABI_MAJOR 1
-#define HASTEN_ABI_MINOR 4
+#define HASTEN_ABI_MINOR 5
 /* Packed as (major << 16) | minor in every abi_version field. */
 #define HASTEN_ABI_VERSION ((uint32_t)((HASTEN_ABI_MAJOR << 16) | HASTEN_ABI_MINOR))
 #define HASTEN_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -474,6 +475,23 @@ typedef struct hasten_strategy_vtable {
   hasten_status (*load_optimizer_state)(hasten_instance* self, hasten_optimizer* optimizer,
                                         hasten_module* model, const char* const* names,
                                         hasten_tensor* const* values, uint32_t n);
+  /* ---- Since 1.5 ---- */
+  /* Optional: loads the model's parameters and buffers (the layout of state_dict kind 0) by
+   * asking the host for only the ranges this rank keeps, so that no rank reads the whole
+   * state dict. For each range the strategy calls
+   *     read(ctx, name, shape, ndim, offset, dst)
+   * on this thread: elements [offset, offset + numel(dst)) of the flattened tensor `name`,
+   * whose full shape the model has as shape[0..ndim), go into dst (borrowed at::Tensor; any
+   * device and dtype, converted as needed). read returns HASTEN_OK or a failure status with
+   * the host's message already set; the strategy then returns that status. A name may be read
+   * in several ranges or, when this rank keeps none of it, not at all; the host itself checks
+   * that the model and the state dict hold the same names. Not collective. NULL: the host
+   * calls load_state_dict with full tensors. */
+  hasten_status (*load_state_dict_ranges)(
+      hasten_instance* self, hasten_module* model,
+      hasten_status (*read)(void* ctx, const char* name, const int64_t* shape, uint32_t ndim,
+                            int64_t offset, hasten_tensor* dst),
+      void* ctx);
 } hasten_strategy_vtable;
 
 /* ------------------------------------------------------------------------------------------ */

@@ -81,7 +81,7 @@ hasten_status guard(const hasten_host_api* host, Fn&& fn) noexcept {
       return HASTEN_OK;
     }
   } catch (const Error& e) {
-    report(e.what());
+    if (e.what()[0] != '\0') report(e.what());  // empty: a status passed through, its message already set
     return e.status();
   } catch (const std::bad_alloc&) {
     report("out of memory");
@@ -729,6 +729,13 @@ class Strategy : public PluginBase {
                                     const NamedTensorRefs& tensors) {
     (void)optimizer, (void)model, (void)tensors;
   }
+  // ABI 1.5 load_state_dict_ranges: read(name, shape, offset, dst) fills dst with elements
+  // [offset, offset + dst.numel()) of the flattened tensor `name` (full shape `shape`); it
+  // throws Error with the host's status when the host cannot (missing name, other shape,
+  // damaged file).
+  using ReadRange =
+      std::function<void(const std::string& name, at::IntArrayRef shape, int64_t offset, at::Tensor& dst)>;
+  virtual void load_state_dict_ranges(torch::nn::Module& model, const ReadRange& read) { (void)model, (void)read; }
 };
 
 // Bytes of the state tensors of LibTorch's optimizers (SGD, Adam, AdamW, RMSprop, Adagrad).
@@ -935,6 +942,21 @@ constexpr hasten_strategy_vtable make_strategy_vtable() {
         s.load_state_dict(module(m), tensors);
       });
     };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Strategy, load_state_dict_ranges))
+    vt.load_state_dict_ranges =
+        [](hasten_instance* i, hasten_module* m,
+           hasten_status (*read)(void*, const char*, const int64_t*, uint32_t, int64_t, hasten_tensor*),
+           void* ctx) noexcept {
+          return detail::call<Strategy>(i, [&](Strategy& s) {
+            s.load_state_dict_ranges(
+                module(m), [&](const std::string& name, at::IntArrayRef shape, int64_t offset, at::Tensor& dst) {
+                  const hasten_status st =
+                      read(ctx, name.c_str(), shape.data(), static_cast<uint32_t>(shape.size()), offset, handle(dst));
+                  // The host set the message; the status travels back unchanged.
+                  if (st != HASTEN_OK) throw Error(st, "");
+                });
+          });
+        };
   return vt;
 }
 template <class T>
