@@ -268,10 +268,18 @@ c10::intrusive_ptr<c10d::TCPStore> open_store(const ProcessInfo& p, c10d::TCPSto
   const auto start = Clock::now();
   const auto deadline = start + Ms(timeout_ms);
   auto next_report = start + kProgressEvery - Ms(500);
+  // c10d retries a refused connection once a second and fails at once when less is left: a
+  // rank that starts a moment before rank 0 listens would lose a whole second. The first
+  // attempts are therefore short (c10d's own retry never starts) and repeated here every
+  // 20 ms; from 1 s on, c10d's rounds of up to kProgressEvery take over (a slow network then
+  // has its full second per attempt).
+  constexpr Ms kQuick{100};
   for (;;) {
     const auto left = std::chrono::duration_cast<Ms>(deadline - Clock::now());
-    // c10d retries a refused connection once a second and fails at once when less is left.
-    opts.timeout = opts.isServer ? Ms(timeout_ms) : std::max(Ms(1000), std::min(kProgressEvery, left));
+    const bool early = Clock::now() - start < Ms(1000);
+    opts.timeout = opts.isServer ? Ms(timeout_ms)
+                   : early       ? std::min(kQuick, std::max(left, Ms(1)))
+                                 : std::max(Ms(1000), std::min(kProgressEvery, left));
     const auto attempt = Clock::now();
     try {
       auto made = std::make_shared<c10::intrusive_ptr<c10d::TCPStore>>();
@@ -300,7 +308,10 @@ c10::intrusive_ptr<c10d::TCPStore> open_store(const ProcessInfo& p, c10d::TCPSto
         next_report = Clock::now() + kProgressEvery - Ms(500);
       }
       // An attempt that failed at once (nothing listens yet) is not repeated in a busy loop.
-      if (Clock::now() - attempt < Ms(1000)) std::this_thread::sleep_for(Ms(200));
+      if (early)
+        std::this_thread::sleep_for(Ms(20));
+      else if (Clock::now() - attempt < Ms(1000))
+        std::this_thread::sleep_for(Ms(200));
     }
   }
 }

@@ -85,8 +85,8 @@ struct DataLoaderOptions {
   uint64_t seed = 0;  // shuffle order of epoch e: permutation seeded with seed + e
   bool drop_last = false;
   // Unset: the Accelerator's (config keys even_batches, split_batches); set: this loader's own.
-  std::optional<bool> even_batches;
-  std::optional<bool> split_batches;
+  std::optional<bool> even_batches = std::nullopt;
+  std::optional<bool> split_batches = std::nullopt;
 };
 
 // Two tensors whose first dimensions index samples.
