@@ -2,6 +2,7 @@
 // (its run-time switch, pad_across_processes' shape check, a peer that left), and the
 // per-loader even_batches / split_batches, through the public API.
 #include <hasten/hasten.hpp>
+#include <hasten/registry.hpp>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -57,20 +58,25 @@ std::vector<std::string> usage_errors(const std::function<void(Accelerator&)>& f
 
 // ---- rendezvous races -----------------------------------------------------------------------
 
-// One rank makes its Accelerator and leaves at once (no collective: its process exits while
-// the other may still be setting up its comm backend through rank 0's store). 50 launches;
-// which rank is late, and by how much, varies from one launch to the next.
+// One rank makes its Accelerator and leaves at once (no collective), while the other may still
+// be setting up its comm backend through rank 0's store. 50 times: 10 launches of 5 rounds;
+// in each round one rank destroys its Accelerator at once and, in the last, returns (its
+// process exits: rank 0's takes the store with it). Which rank is late, and by how much, varies
+// from one round to the next.
 TEST(Lifecycle, ARankThatLeavesRightAfterConstructionNeverBreaksTheOthers) {
   // The plugins are found and loaded once, here, and the forked workers inherit them: the
   // launches then cost what the rendezvous and the comm set-up cost, the part under test.
   hasten::PluginRegistry::instance().discover();
-  for (int i = 0; i < 50; ++i) {
+  for (int launch = 0; launch < 10; ++launch) {
     hasten::launch(
-        [i] {
-          const int late = i % 2, delay_us = (i / 2) % 5 * 400;
-          if (std::stoi(std::getenv("RANK")) == late) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
-          Accelerator acc;
-          require(acc.num_processes() == 2, "two ranks");
+        [launch] {
+          const int rank = std::stoi(std::getenv("RANK"));
+          for (int round = 0; round < 5; ++round) {
+            const int i = launch * 5 + round, late = i % 2, delay_us = (i / 2) % 5 * 400;
+            if (rank == late) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+            Accelerator acc;
+            require(acc.num_processes() == 2, "two ranks");
+          }
         },
         two_ranks());
   }
