@@ -215,7 +215,9 @@ std::string Engine::save_state(const std::string& requested) {
       attempt([&] {
         NamedTensors grads;
         for (auto& named : s.models[i].module->named_parameters())
-          if (named.value().grad().defined()) grads.emplace_back(named.key(), named.value().grad());
+          // A sparse .grad is the sharded strategies' placeholder at rest: no local gradient.
+          if (named.value().grad().defined() && !named.value().grad().is_sparse())
+            grads.emplace_back(named.key(), named.value().grad());
         files.push_back(write_file(tmp, gradients_file(i, rank), [&](const ByteSink& sink) { write_safetensors(grads, {}, sink); }));
       });
   // Optimizers: the portable layout (state tensors by parameter name, in pieces), which loads
@@ -704,7 +706,7 @@ std::string Engine::load_state(const std::string& requested) try {
         auto it = by_name.find(named.key());
         if (it == by_name.end()) continue;
         torch::Tensor& p = named.value();
-        if (p.grad().defined())
+        if (p.grad().defined() && !p.grad().is_sparse())
           p.mutable_grad().copy_(it->second);
         else
           p.mutable_grad() = it->second.to(p.device());

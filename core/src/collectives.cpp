@@ -7,6 +7,7 @@
 #include <hasten/work.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "engine_state.hpp"
@@ -49,20 +50,40 @@ void Engine::Impl::check_collective(const std::string& op, const torch::Tensor& 
   std::vector<std::string> differ;
   std::string all;
   for (int r = 0; r < process.world_size; ++r) {
-    std::string theirs;
-    try {
-      auto v = store->get(key + std::to_string(r), host.timeout_ms);
-      theirs.assign(v.begin(), v.end());
-    } catch (const Error&) {
-      throw UsageError("debug: rank " + std::to_string(r) + " did not reach collective #" + std::to_string(n) +
-                       " (rank " + std::to_string(process.rank) + " is in " + mine + ") within " +
-                       std::to_string(config.timeout_s) + " s");
-    }
+    std::string theirs = wait_for_collective(r, n, mine);
     all += (r ? "; " : "") + std::string("rank ") + std::to_string(r) + ": " + theirs;
     if (theirs != mine) differ.push_back(std::to_string(r));
   }
   if (!differ.empty())
     throw UsageError("debug: ranks disagree on collective #" + std::to_string(n) + " (" + all + ")");
+}
+
+// What rank r announced for collective #n. Waits in short rounds and asks between them
+// whether r has left (its Accelerator destroyed, its process gone), so that a peer that
+// exited is reported as exited at once, not as late after the full timeout.
+std::string Engine::Impl::wait_for_collective(int r, int64_t n, const std::string& mine) {
+  const std::string key = "hasten/debug/" + std::to_string(n) + "/" + std::to_string(r);
+  const std::string here = "(rank " + std::to_string(process.rank) + " is in " + mine + ")";
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::milliseconds(host.timeout_ms);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    try {
+      auto v = store->get(key, std::clamp<int64_t>(left.count(), 1, 500));
+      return std::string(v.begin(), v.end());
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (what.find("did not appear") == std::string::npos)
+        throw UsageError("debug: rank " + std::to_string(r) + " did not reach collective #" + std::to_string(n) + " " +
+                         here + ": the store's host, rank 0, exited or failed (" + what + ")");
+    }
+    if (const std::string why = store->departed(r); !why.empty())
+      throw UsageError("debug: rank " + std::to_string(r) + " will not reach collective #" + std::to_string(n) + " " +
+                       here + ": " + why);
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw UsageError("debug: rank " + std::to_string(r) + " did not reach collective #" + std::to_string(n) + " " +
+                       here + " within " + c10::str(config.timeout_s) + " s");
+  }
 }
 
 torch::Tensor Engine::gather(const torch::Tensor& tensor) {
@@ -206,21 +227,51 @@ std::string Engine::broadcast(const std::string& text, int from) {
 
 torch::Tensor Engine::pad_across_processes(const torch::Tensor& tensor, int64_t dim,
                                            double pad_value, bool pad_first) {
-  if (tensor.dim() == 0) return tensor;
-  if (dim < 0) dim += tensor.dim();
-  if ((dim < 0 || dim >= tensor.dim()) && impl_->config.pad_out_of_range_dim == "unchanged")
-    return tensor;  // Accelerate's behaviour, by option (hasten refuses it by default)
-  if (dim < 0 || dim >= tensor.dim())
-    throw UsageError("pad_across_processes: dim out of range for a tensor of " +
-                     std::to_string(tensor.dim()) + " dimensions");
-  torch::Tensor size = torch::tensor({tensor.size(dim)}, torch::kLong);
-  const int64_t max_size = gather(size).max().item<int64_t>();
-  if (max_size == tensor.size(dim)) return tensor;
+  Impl& s = *impl_;
+  const int64_t ndim = tensor.dim();
+  const int64_t d = dim < 0 ? dim + ndim : dim;
+  const bool dim_ok = ndim == 0 || (d >= 0 && d < ndim);
+  auto out_of_range = [&] {
+    return UsageError("pad_across_processes: dim " + std::to_string(dim) + " is out of range for a tensor of " +
+                      std::to_string(ndim) + " dimensions (allowed: " + std::to_string(-std::max<int64_t>(ndim, 1)) +
+                      " to " + std::to_string(std::max<int64_t>(ndim, 1) - 1) + ")");
+  };
+  // Accelerate returns the tensor unchanged for an out-of-range dim; hasten refuses it unless
+  // the option asks for Accelerate's behaviour.
+  const bool keep_out_of_range = s.config.pad_out_of_range_dim == "unchanged";
+  if (s.process.world_size == 1) {
+    if (!dim_ok && !keep_out_of_range) throw out_of_range();
+    return tensor;
+  }
+  // Every rank says how many dimensions it has, whether dim fits them and its size along
+  // dim, in one fixed-size exchange: a rank whose tensor differs in rank (or a bad dim on one
+  // rank only) is then an error on every rank, not a hang or garbage from the gather after.
+  const torch::Tensor mine = torch::tensor({ndim, int64_t{dim_ok}, ndim == 0 || !dim_ok ? 0 : tensor.size(d)}, torch::kLong);
+  const torch::Tensor all = gather(mine).reshape({s.process.world_size, 3});
+  std::string ndims;
+  bool differ = false, bad_dim = false;
+  for (int r = 0; r < s.process.world_size; ++r) {
+    ndims += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + ": " + std::to_string(all[r][0].item<int64_t>());
+    differ = differ || all[r][0].item<int64_t>() != ndim;
+    bad_dim = bad_dim || all[r][1].item<int64_t>() == 0;
+  }
+  if (differ)
+    throw UsageError("pad_across_processes: the ranks' tensors differ in number of dimensions (" + ndims +
+                     "); every rank must pass a tensor with the same number of dimensions");
+  if (!dim_ok) {
+    if (keep_out_of_range) return tensor;
+    throw out_of_range();
+  }
+  if (bad_dim && !keep_out_of_range)
+    throw UsageError("pad_across_processes: dim " + std::to_string(dim) + " is out of range on another rank");
+  if (ndim == 0) return tensor;
+  const int64_t max_size = all.select(1, 2).max().item<int64_t>();
+  if (max_size == tensor.size(d)) return tensor;
   auto sizes = tensor.sizes().vec();
-  sizes[dim] = max_size;
+  sizes[d] = max_size;
   torch::Tensor out = torch::full(sizes, pad_value, tensor.options());
-  const int64_t offset = pad_first ? max_size - tensor.size(dim) : 0;
-  out.narrow(dim, offset, tensor.size(dim)).copy_(tensor);
+  const int64_t offset = pad_first ? max_size - tensor.size(d) : 0;
+  out.narrow(d, offset, tensor.size(d)).copy_(tensor);
   return out;
 }
 

@@ -52,6 +52,10 @@ class Store {
   // Throws hasten::Error on timeout (0: default).
   virtual std::vector<uint8_t> get(const std::string& key, int64_t timeout_ms) = 0;
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // The engine's set-up (rendezvous and comm backends) no longer needs the store's host.
+  virtual void setup_finished() {}
+  // Empty while `rank` may still come; otherwise why it will not (it left, its process exited).
+  virtual std::string departed(int /*rank*/) { return ""; }
 };
 
 }  // namespace hasten::detail

@@ -55,6 +55,8 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
       gpu = open_comm_backend(kDLCUDA, backend(kDLCUDA), options(kDLCUDA), &s.host.api, s.process, s.host.timeout_ms,
                               rendezvous_ms);
     s.comm = make_plugin_communicator(s.process.rank, s.process.world_size, std::move(cpu), std::move(gpu));
+    // Every store call of the set-up is made: rank 0's process may exit from here on.
+    s.store->setup_finished();
   } else {
     s.comm = make_local_communicator();
   }
@@ -92,6 +94,7 @@ Engine::~Engine() {
 }
 
 const Config& Engine::config() const { return impl_->config; }
+void Engine::set_debug(bool enabled) { impl_->config.debug = enabled; }
 const ProcessInfo& Engine::process() const { return impl_->process; }
 torch::Device Engine::device() const { return impl_->device; }
 std::string Engine::strategy_name() const { return impl_->strategy->name(); }

@@ -153,6 +153,7 @@ struct Engine::Impl {
   void allreduce_(torch::Tensor& t, hasten_reduce_op op);
   // Debug mode: every rank checks that all ranks are in the same collective (collectives.cpp).
   void check_collective(const std::string& op, const torch::Tensor& t);
+  std::string wait_for_collective(int rank, int64_t n, const std::string& mine);
 };
 
 }  // namespace hasten::detail

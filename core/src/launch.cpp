@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "rendezvous.hpp"
+
 namespace hasten {
 
 void launch(const std::function<void()>& fn, const LaunchOptions& options) {
@@ -61,6 +63,7 @@ void launch(const std::function<void()>& fn, const LaunchOptions& options) {
         std::cerr << "hasten::launch: rank " << r << ": unknown exception" << std::endl;
         code = 1;
       }
+      detail::release_stores_before_exit();  // what atexit would do: rank 0 keeps the store for peers setting up
       std::cout.flush();
       std::cerr.flush();
       std::fflush(nullptr);

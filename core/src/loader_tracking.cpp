@@ -14,8 +14,8 @@ size_t Engine::add_loader(int64_t dataset_size, const DataLoaderOptions& options
   e.spec.options = options;
   e.spec.world_size = s.process.world_size;
   e.spec.rank = s.process.rank;
-  e.spec.even_batches = s.config.even_batches;
-  e.spec.split_batches = s.config.split_batches;
+  e.spec.even_batches = options.even_batches.value_or(s.config.even_batches);
+  e.spec.split_batches = options.split_batches.value_or(s.config.split_batches);
   e.num_batches = count_batches(e.spec);  // validates the spec now, at prepare
   s.loaders.push_back(e);
   return s.loaders.size() - 1;

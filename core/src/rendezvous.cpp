@@ -6,7 +6,13 @@
 #include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <map>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -64,27 +70,118 @@ bool run_bounded(int64_t timeout_ms, Op op) {
   return true;
 }
 
-// Keys live under `prefix` (torchrun's agent store is shared by restarts and by others).
+// One connection to the run's store per process (rank 0: the store itself), shared by every
+// Accelerator the process makes: a second Accelerator, alive with the first or made after it,
+// must not bind the port again (it is taken) nor lose the store its peers still talk to.
+// Each Accelerator is one generation of keys under it (below), so their keys never meet.
 //
 // Every call has a deadline. c10d's client blocks in recv() without one for set, add and
 // check, so a store host that stopped without closing its sockets, or a port answered by
 // something that is not a store, would hold the rank forever. Each call therefore runs on a
 // thread of its own and the caller waits at most the deadline; a call that misses it is left
-// blocked (a socket read cannot be cancelled from outside) and the store is broken from then
-// on: every later call fails at once, and the run ends with the error.
+// blocked (a socket read cannot be cancelled from outside) and the connection is broken from
+// then on: every later call fails at once, and the run ends with the error.
+struct Connection {
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  std::string where;
+  std::string prefix;  // torchrun's agent store is shared by restarts and by others
+  int rank = 0, world = 1;
+  bool hosts = false;  // rank 0 outside torchrun: the store lives in this process
+  int64_t timeout_ms = 0;
+  int64_t generations = 0;  // Accelerators this process made on this store
+  std::shared_ptr<std::mutex> serial = std::make_shared<std::mutex>();  // one socket, one request at a time
+  std::atomic<bool> broken{false};  // set by the caller that gave up; read by later callers
+  std::string broken_why;           // written before broken is set
+
+  // Runs op on its own thread and waits at most timeout_ms for it. Rethrows what op threw
+  // (c10d's errors: a closed connection, a missing key); throws hasten::Error on the deadline.
+  template <class Op>
+  void bounded(const std::string& what, int64_t timeout_ms, Op op) {
+    if (broken) throw Error("store: " + what + " refused: an earlier call to the store at " + where + " " + broken_why);
+    // The call may outlive its caller (a missed deadline): it holds what it uses.
+    const bool done = run_bounded(timeout_ms, [s = store, serial = serial, op = std::move(op)] {
+      std::lock_guard<std::mutex> one_at_a_time(*serial);
+      op(*s);
+    });
+    if (!done) {
+      broken_why = "got no answer within " + seconds(timeout_ms) + " s";
+      broken = true;
+      throw Error("store: " + what + " got no answer from the store at " + where + " within " + seconds(timeout_ms) +
+                  " s (its host stopped, or something that is not a hasten/torch store answers on that port)");
+    }
+  }
+  int64_t add(const std::string& key, int64_t delta, int64_t timeout) {
+    auto out = std::make_shared<int64_t>(0);
+    bounded("add to key '" + key + "'", timeout, [k = prefix + key, delta, out](c10d::TCPStore& s) { *out = s.add(k, delta); });
+    return *out;
+  }
+  bool check(const std::string& key, int64_t timeout) {
+    auto out = std::make_shared<bool>(false);
+    bounded("check of key '" + key + "'", timeout, [k = prefix + key, out](c10d::TCPStore& s) { *out = s.check({k}); });
+    return *out;
+  }
+  void set(const std::string& key, const std::vector<uint8_t>& value, int64_t timeout) {
+    bounded("set of key '" + key + "'", timeout, [k = prefix + key, value](c10d::TCPStore& s) { s.set(k, value); });
+  }
+  std::vector<uint8_t> get_now(const std::string& key, int64_t timeout) {
+    auto out = std::make_shared<std::vector<uint8_t>>();
+    bounded("get of key '" + key + "'", timeout, [k = prefix + key, out](c10d::TCPStore& s) { *out = s.get(k); });
+    return std::move(*out);
+  }
+};
+
+// A short deadline for calls made on the way out (a departure note, the exit wait): they must
+// not hold a process that is ending for the store's full timeout.
+constexpr int64_t kLeavingCallMs = 2000;
+
+// "host pid" of every rank's process, published once per connection: a peer on this machine
+// whose process is gone is reported as exited instead of waited for.
+std::string process_tag() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  return std::string(host) + " " + std::to_string(::getpid());
+}
+
+// Empty while rank's process may be running; otherwise what became of it.
+std::string process_gone(Connection& c, int rank) {
+  if (!c.check("hasten/proc/" + std::to_string(rank), kLeavingCallMs)) return "";
+  const auto v = c.get_now("hasten/proc/" + std::to_string(rank), kLeavingCallMs);
+  const std::string tag(v.begin(), v.end()), mine = process_tag();
+  const auto space = tag.rfind(' ');
+  if (space == std::string::npos || tag.substr(0, space) != mine.substr(0, mine.rfind(' '))) return "";
+  const pid_t pid = static_cast<pid_t>(std::stol(tag.substr(space + 1)));
+  if (::kill(pid, 0) == 0 || errno != ESRCH) return "";
+  return "its process (pid " + std::to_string(pid) + ") exited";
+}
+
+// The store one Accelerator uses: its generation's keys ("hasten/g<N>/...") on the process's
+// connection. Its end is noted in the store, so that peers waiting for this rank (debug mode)
+// hear that it left instead of waiting out their deadline.
 class TcpStore final : public Store {
  public:
-  TcpStore(c10::intrusive_ptr<c10d::TCPStore> store, int64_t call_timeout_ms, std::string prefix,
-           std::string where)
-      : store_(std::move(store)),
-        call_timeout_ms_(call_timeout_ms),
-        prefix_(std::move(prefix)),
-        where_(std::move(where)),
-        serial_(std::make_shared<std::mutex>()) {}
-
-  void set(const std::string& k, const std::vector<uint8_t>& value) override {
-    bounded("set of key '" + k + "'", call_timeout_ms_, [s = store_, key = prefix_ + k, value] { s->set(key, value); });
+  TcpStore(std::shared_ptr<Connection> c, int64_t call_timeout_ms, int64_t generation)
+      : c_(std::move(c)), call_timeout_ms_(call_timeout_ms), keys_("hasten/g" + std::to_string(generation) + "/") {}
+  ~TcpStore() override {
+    try {
+      if (setting_up_) c_->add("hasten/setting_up/" + std::to_string(c_->rank), -1, kLeavingCallMs);
+      c_->set(keys_ + "gone/" + std::to_string(c_->rank), {1}, kLeavingCallMs);
+    } catch (...) {
+      // The store is gone or broken: nobody is left to tell.
+    }
   }
+
+  // Rank 0's process waits at exit until no rank is still setting up through its store.
+  void begin_setup() {
+    c_->add("hasten/setting_up/" + std::to_string(c_->rank), 1, call_timeout_ms_);
+    setting_up_ = true;
+  }
+  void setup_finished() override {
+    if (!setting_up_) return;
+    setting_up_ = false;
+    c_->add("hasten/setting_up/" + std::to_string(c_->rank), -1, call_timeout_ms_);
+  }
+
+  void set(const std::string& k, const std::vector<uint8_t>& value) override { c_->set(keys_ + k, value, call_timeout_ms_); }
   std::vector<uint8_t> get(const std::string& k, int64_t timeout_ms) override {
     const int64_t wait_ms = timeout_ms > 0 ? timeout_ms : call_timeout_ms_;
     auto value = std::make_shared<std::vector<uint8_t>>();
@@ -92,61 +189,57 @@ class TcpStore final : public Store {
     const auto start = Clock::now();
     try {
       // c10d's own wait ends first when the store answers; the margin is for one that does not.
-      bounded("get of key '" + k + "'", wait_ms + 2000, [s = store_, key = prefix_ + k, wait_ms, value] {
-        s->wait({key}, Ms(wait_ms));
-        *value = s->get(key);
-      });
+      c_->bounded("get of key '" + k + "'", wait_ms + 2000,
+                  [key = c_->prefix + keys_ + k, wait_ms, value](c10d::TCPStore& s) {
+                    s.wait({key}, Ms(wait_ms));
+                    *value = s.get(key);
+                  });
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
       failure = e.what();
     }
     if (failure.empty()) return std::move(*value);
-    // c10d says "timeout" and "connection closed" alike with an exception: the time it took
-    // tells them apart.
+    // c10d says "timeout" and "connection closed" alike with an exception: its words, or
+    // else the time it took, tell them apart.
     const auto took = std::chrono::duration_cast<Ms>(Clock::now() - start).count();
-    if (took + 100 < wait_ms)
-      throw Error("store: the store at " + where_ + " closed the connection while waiting for key '" + k +
+    const bool timed_out = failure.find("imeout") != std::string::npos || failure.find("timed out") != std::string::npos;
+    if (!timed_out && took + 100 < wait_ms)
+      throw Error("store: the store at " + c_->where + " closed the connection while waiting for key '" + k +
                   "' (its host failed or exited): " + failure.substr(0, failure.find('\n')));
     throw Error("store: key '" + k + "' did not appear within " + seconds(wait_ms) + " s (a rank is missing or stuck)");
   }
-  int64_t add(const std::string& k, int64_t delta) override {
-    auto out = std::make_shared<int64_t>(0);
-    bounded("add to key '" + k + "'", call_timeout_ms_, [s = store_, key = prefix_ + k, delta, out] { *out = s->add(key, delta); });
-    return *out;
-  }
-  bool check(const std::string& k) {
-    auto out = std::make_shared<bool>(false);
-    bounded("check of key '" + k + "'", call_timeout_ms_, [s = store_, key = prefix_ + k, out] { *out = s->check({key}); });
-    return *out;
-  }
+  int64_t add(const std::string& k, int64_t delta) override { return c_->add(keys_ + k, delta, call_timeout_ms_); }
+  bool check(const std::string& k) { return c_->check(keys_ + k, call_timeout_ms_); }
 
- private:
-  // Runs op on its own thread and waits at most timeout_ms for it. Rethrows what op threw
-  // (c10d's errors: a closed connection, a missing key); throws hasten::Error on the deadline.
-  template <class Op>
-  void bounded(const std::string& what, int64_t timeout_ms, Op op) {
-    if (broken_) throw Error("store: " + what + " refused: an earlier call to the store at " + where_ + " " + broken_why_);
-    const bool done = run_bounded(timeout_ms, [op = std::move(op), serial = serial_] {
-      std::lock_guard<std::mutex> one_at_a_time(*serial);  // one socket, one request at a time
-      op();
-    });
-    if (!done) {
-      broken_why_ = "got no answer within " + seconds(timeout_ms) + " s";
-      broken_ = true;
-      throw Error("store: " + what + " got no answer from the store at " + where_ + " within " + seconds(timeout_ms) +
-                  " s (its host stopped, or something that is not a hasten/torch store answers on that port)");
+  std::string departed(int rank) override {
+    try {
+      if (c_->check(keys_ + "gone/" + std::to_string(rank), kLeavingCallMs))
+        return "it left (its Accelerator was destroyed, or its process returned)";
+      return process_gone(*c_, rank);
+    } catch (...) {
+      return "the store's host, rank 0, is gone (its process exited or failed)";
     }
   }
 
-  c10::intrusive_ptr<c10d::TCPStore> store_;
+ private:
+  std::shared_ptr<Connection> c_;
   int64_t call_timeout_ms_;
-  std::string prefix_;
-  std::string where_;
-  std::shared_ptr<std::mutex> serial_;
-  std::atomic<bool> broken_{false};  // set by the caller that gave up; read by later callers
-  std::string broken_why_;          // written before broken_ is set
+  std::string keys_;
+  bool setting_up_ = false;
 };
+
+// The process's connections, by store address and key prefix; kept until the process exits.
+std::mutex& connections_mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::map<std::string, std::shared_ptr<Connection>>& connections() {
+  static auto* all = new std::map<std::string, std::shared_ptr<Connection>>;
+  return *all;
+}
+
+void release_at_exit() { release_stores_before_exit(); }
 
 // c10d's client logs a line for every failed attempt to connect ("[c10d] The client socket
 // has timed out after 1s while trying to connect to ..."), several a second: a rank that starts
@@ -175,10 +268,18 @@ c10::intrusive_ptr<c10d::TCPStore> open_store(const ProcessInfo& p, c10d::TCPSto
   const auto start = Clock::now();
   const auto deadline = start + Ms(timeout_ms);
   auto next_report = start + kProgressEvery - Ms(500);
+  // c10d retries a refused connection once a second and fails at once when less is left: a
+  // rank that starts a moment before rank 0 listens would lose a whole second. The first
+  // attempts are therefore short (c10d's own retry never starts) and repeated here every
+  // 20 ms; from 1 s on, c10d's rounds of up to kProgressEvery take over (a slow network then
+  // has its full second per attempt).
+  constexpr Ms kQuick{100};
   for (;;) {
     const auto left = std::chrono::duration_cast<Ms>(deadline - Clock::now());
-    // c10d retries a refused connection once a second and fails at once when less is left.
-    opts.timeout = opts.isServer ? Ms(timeout_ms) : std::max(Ms(1000), std::min(kProgressEvery, left));
+    const bool early = Clock::now() - start < Ms(1000);
+    opts.timeout = opts.isServer ? Ms(timeout_ms)
+                   : early       ? std::min(kQuick, std::max(left, Ms(1)))
+                                 : std::max(Ms(1000), std::min(kProgressEvery, left));
     const auto attempt = Clock::now();
     try {
       auto made = std::make_shared<c10::intrusive_ptr<c10d::TCPStore>>();
@@ -207,7 +308,10 @@ c10::intrusive_ptr<c10d::TCPStore> open_store(const ProcessInfo& p, c10d::TCPSto
         next_report = Clock::now() + kProgressEvery - Ms(500);
       }
       // An attempt that failed at once (nothing listens yet) is not repeated in a busy loop.
-      if (Clock::now() - attempt < Ms(1000)) std::this_thread::sleep_for(Ms(200));
+      if (early)
+        std::this_thread::sleep_for(Ms(20));
+      else if (Clock::now() - attempt < Ms(1000))
+        std::this_thread::sleep_for(Ms(200));
     }
   }
 }
@@ -226,14 +330,44 @@ std::unique_ptr<Store> rendezvous(const ProcessInfo& p, int64_t timeout_ms) {
   const std::string prefix =
       agent_store ? "/worker/attempt_" + (env.count("TORCHELASTIC_RESTART_COUNT") ? env.at("TORCHELASTIC_RESTART_COUNT") : "0") + "/"
                   : "";
-  c10d::TCPStoreOptions opts;
-  opts.port = static_cast<uint16_t>(p.master_port);
-  opts.isServer = p.rank == 0 && !agent_store;
-  opts.numWorkers = static_cast<size_t>(p.world_size);
-  opts.waitWorkers = false;  // hasten's own wait below names the ranks that are missing
   const auto start = Clock::now();
   const auto deadline = start + Ms(timeout_ms);
-  auto store = std::make_unique<TcpStore>(open_store(p, opts, where, timeout_ms), timeout_ms, prefix, where);
+  std::shared_ptr<Connection> connection;
+  int64_t generation = 0;
+  {
+    // Accelerators made one after another (or both alive) share the connection; the n-th
+    // Accelerator of every rank meets the n-th of the others under generation n's keys.
+    std::lock_guard<std::mutex> lock(connections_mutex());
+    auto& mine = connections()[where + " " + prefix];
+    if (!mine) {
+      c10d::TCPStoreOptions opts;
+      opts.port = static_cast<uint16_t>(p.master_port);
+      opts.isServer = p.rank == 0 && !agent_store;
+      opts.numWorkers = static_cast<size_t>(p.world_size);
+      opts.waitWorkers = false;  // hasten's own wait below names the ranks that are missing
+      auto c = std::make_shared<Connection>();
+      c->store = open_store(p, opts, where, timeout_ms);
+      c->where = where;
+      c->prefix = prefix;
+      c->rank = p.rank;
+      c->world = p.world_size;
+      c->hosts = opts.isServer;
+      c->timeout_ms = timeout_ms;
+      const std::string tag = process_tag();
+      c->set("hasten/proc/" + std::to_string(p.rank), std::vector<uint8_t>(tag.begin(), tag.end()), timeout_ms);
+      static std::once_flag at_exit;
+      std::call_once(at_exit, [] { std::atexit(release_at_exit); });
+      mine = c;
+    } else if (mine->rank != p.rank || mine->world != p.world_size) {
+      throw Error("rendezvous: this process already joined the store at " + where + " as rank " +
+                  std::to_string(mine->rank) + " of " + std::to_string(mine->world) + ", not rank " +
+                  std::to_string(p.rank) + " of " + std::to_string(p.world_size));
+    }
+    connection = mine;
+    generation = connection->generations++;
+  }
+  auto store = std::make_unique<TcpStore>(connection, timeout_ms, generation);
+  store->begin_setup();
   auto waited_s = [&] { return std::chrono::duration_cast<Ms>(Clock::now() - start).count() / 1000; };
   auto next_report = start + kProgressEvery;
   const std::string rdzv = "hasten/rdzv/";
@@ -291,8 +425,32 @@ std::unique_ptr<Store> rendezvous(const ProcessInfo& p, int64_t timeout_ms) {
     }
     store->add(rdzv + "left", 1);
   }
-  get_logger()->debug("rendezvous: {} ranks at {}", p.world_size, where);
+  get_logger()->debug("rendezvous: {} ranks at {} (Accelerator #{} of this process)", p.world_size, where, generation);
   return store;
+}
+
+// Rank 0's process hosts the store: it stays at exit until no rank is still setting up
+// through it (a peer that is still connecting its comm backend would otherwise lose the
+// store mid-way: "Broken pipe"). Setting up is short and bounded by its own deadline; a peer
+// on this machine whose process is gone is not waited for. Other ranks just close.
+void release_stores_before_exit() {
+  std::map<std::string, std::shared_ptr<Connection>> all;
+  {
+    std::lock_guard<std::mutex> lock(connections_mutex());
+    all.swap(connections());
+  }
+  for (auto& [where, c] : all) {
+    if (!c->hosts) continue;
+    const auto deadline = Clock::now() + Ms(c->timeout_ms);
+    try {
+      for (int r = 1; r < c->world; ++r)
+        while (c->add("hasten/setting_up/" + std::to_string(r), 0, kLeavingCallMs) > 0 && Clock::now() < deadline &&
+               process_gone(*c, r).empty())
+          std::this_thread::sleep_for(Ms(2));
+    } catch (...) {
+      // A broken store: nobody can use it any more.
+    }
+  }
 }
 
 }  // namespace hasten::detail

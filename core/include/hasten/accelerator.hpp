@@ -223,6 +223,11 @@ class Accelerator {
   int num_processes() const { return process().world_size; }
   torch::Device device() const { return engine_->device(); }
   const Config& config() const { return engine_->config(); }
+  // Debug mode at run time (Accelerate's `state.debug`; the `debug` key sets it at start):
+  // before every collective the ranks check that they are all in the same one. Switch it on
+  // every rank at the same point of the program, between collectives.
+  void set_debug(bool enabled) { engine_->set_debug(enabled); }
+  bool debug() const { return config().debug; }
   std::string mixed_precision() const { return engine_->precision_name(); }
   std::string strategy() const { return engine_->strategy_name(); }
 

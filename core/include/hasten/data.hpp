@@ -84,6 +84,9 @@ struct DataLoaderOptions {
   bool shuffle = false;
   uint64_t seed = 0;  // shuffle order of epoch e: permutation seeded with seed + e
   bool drop_last = false;
+  // Unset: the Accelerator's (config keys even_batches, split_batches); set: this loader's own.
+  std::optional<bool> even_batches = std::nullopt;
+  std::optional<bool> split_batches = std::nullopt;
 };
 
 // Two tensors whose first dimensions index samples.

@@ -268,10 +268,65 @@ void ShardedStrategy::alloc_grads(Unit& u) {
 
 void ShardedStrategy::free_grads(Unit& u) {
   if (!u.grads_live || u.params.empty()) return;
-  for (auto& p : u.params) p.mutable_grad() = torch::Tensor();
   storage_free(u.flat_grad);
   u.grads_live = false;
+  place_placeholders(u);
   count_peaks();
+}
+
+// The user's plain `model->zero_grad()` must clear what the prepared optimizer's zero_grad()
+// clears, but at rest the reduced gradients live only in this rank's shard, where
+// Module::zero_grad() cannot see them. So each parameter keeps a placeholder .grad of its
+// shape that costs no memory (an empty sparse tensor: it reads as zeros, which is this rank's
+// unreduced local gradient at rest, and a backward outside the strategy adds to it densely).
+// Module::zero_grad(false) zeroes it in place, bumping its version; zero_grad(true) resets
+// it; take_user_zero_grad() sees either and clears the parameter's part of the shard.
+void ShardedStrategy::place_placeholders(Unit& u) {
+  torch::NoGradGuard no_grad;
+  u.placeholder_version.assign(u.params.size(), 0);
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    torch::Tensor g = torch::empty(u.shapes[i], u.flat_grad.options().layout(torch::kSparse));
+    u.placeholder_version[i] = g._version();
+    u.params[i].mutable_grad() = g;
+  }
+}
+
+// Before anything reads or adds to a unit's gradients (a backward, a step, a clip): a
+// parameter whose gradient the user cleared since the strategy last set it has its gradient
+// cleared where the strategy keeps it. strip: a backward follows, and the placeholders go
+// (LibTorch's AccumulateGrad then hands the strategy a plain dense gradient, as it expects).
+void ShardedStrategy::take_user_zero_grad(Unit& u, bool strip) {
+  if (u.params.empty()) return;
+  if (u.grads_live) {  // the parameters' .grad are views of flat_grad: attach_grad zeroes a reset one
+    attach_grads(u);
+    return;
+  }
+  if (u.placeholder_version.size() != u.params.size()) return;
+  torch::NoGradGuard no_grad;
+  const int64_t mine = static_cast<int64_t>(rank_) * u.shard;
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    auto& g = u.params[i].mutable_grad();
+    const bool placeholder = g.defined() && g.is_sparse();
+    const bool cleared = !g.defined() || (placeholder && g._version() != u.placeholder_version[i]);
+    if (cleared && u.shard_grad.defined()) {
+      int64_t numel = 1;
+      for (const int64_t d : u.shapes[i]) numel *= d;
+      const int64_t lo = std::max(u.offsets[i], mine), hi = std::min(u.offsets[i] + numel, mine + u.shard);
+      if (lo < hi) u.shard_grad.narrow(0, lo - mine, hi - lo).zero_();
+    }
+    if (strip) {
+      if (!g.defined() || placeholder) g = torch::Tensor();
+    } else if (cleared) {
+      g = torch::empty(u.shapes[i], u.flat_grad.options().layout(torch::kSparse));
+      u.placeholder_version[i] = g._version();
+    }
+  }
+  if (strip) u.placeholder_version.clear();
+}
+
+void ShardedStrategy::take_user_zero_grad(bool strip) {
+  for (auto& m : models_)
+    for (auto& u : m->units) take_user_zero_grad(u, strip);
 }
 
 // Points every parameter's .grad into the unit's flat gradient buffer, keeping the values of
@@ -287,9 +342,12 @@ void ShardedStrategy::attach_grad(Unit& u, size_t i) {
     char* expected = static_cast<char*>(u.flat_grad.data_ptr()) + u.offsets[i] * u.flat_grad.element_size();
     const auto& g = p.grad();
     torch::Tensor view = alias(u.flat_grad, u.offsets[i], u.shapes[i]);
-    if (g.defined() && g.data_ptr() == expected && g.numel() == view.numel()) return;
+    if (g.defined() && !g.is_sparse() && g.data_ptr() == expected && g.numel() == view.numel()) return;
     torch::NoGradGuard no_grad;
-    if (g.defined() && g.numel() == view.numel()) view.copy_(g.reshape(view.sizes()));
+    if (g.defined() && !g.is_sparse() && g.numel() == view.numel())
+      view.copy_(g.reshape(view.sizes()));
+    else
+      view.zero_();  // reset by the user's zero_grad(set_to_none), or a placeholder: no gradient
     p.mutable_grad() = view;
   }
 }
@@ -426,6 +484,7 @@ void ShardedStrategy::finish_reduction(Unit& u) {
 void ShardedStrategy::set_gradient_sync(torch::nn::Module& model, bool enabled) { find(model).sync = enabled; }
 
 void ShardedStrategy::before_backward() {
+  take_user_zero_grad(/*strip=*/true);
   for (auto& mp : models_) {
     Model& m = *mp;
     std::lock_guard<std::mutex> lock(m.mutex);
@@ -469,12 +528,17 @@ void ShardedStrategy::after_backward() {
     }
     if (options_.stage == 3)
       for (auto& u : m.units) free_params(u);
+    // Units this backward left at rest (unused, or a micro-batch without sync) get their
+    // placeholders back, so that a zero_grad() the user calls now is seen.
+    for (auto& u : m.units)
+      if (!u.grads_live && u.placeholder_version.empty()) place_placeholders(u);
   }
 }
 
 // ---- optimizer step -----------------------------------------------------------------------
 
 void ShardedStrategy::before_optimizer_step(torch::optim::Optimizer&) {
+  take_user_zero_grad(/*strip=*/false);
   if (options_.gradient_clipping > 0)
     for (auto& m : models_) clip_grad_norm(*m->module, options_.gradient_clipping, 2.0);
 }
@@ -508,6 +572,7 @@ void ShardedStrategy::begin_gather_into_live(Unit& u) {
 
 double ShardedStrategy::clip_grad_norm(torch::nn::Module& module, double max_norm, double norm_type) {
   Model& m = find(module);
+  for (auto& u : m.units) take_user_zero_grad(u, /*strip=*/false);
   torch::NoGradGuard no_grad;
   if (options_.stage == 0) {
     std::vector<torch::Tensor> params;

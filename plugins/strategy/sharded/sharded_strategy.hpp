@@ -92,6 +92,10 @@ class ShardedStrategy final : public sdk::Strategy {
     hasten_work* gather_work = nullptr;
     bool keep_after_forward = false;
     std::vector<sdk::GradReadyHook> hooks;
+    // At rest (stages 2 and 3, full gradients freed) each parameter's .grad is a placeholder:
+    // an empty sparse tensor of its shape, version recorded here. The user's Module::zero_grad()
+    // zeroes it (a version bump) or resets it: either clears the parameter's part of shard_grad.
+    std::vector<int64_t> placeholder_version;
   };
 
   struct Model {
@@ -127,6 +131,9 @@ class ShardedStrategy final : public sdk::Strategy {
   void free_grads(Unit& u);
   void attach_grads(Unit& u);
   void attach_grad(Unit& u, size_t param);
+  void place_placeholders(Unit& u);
+  void take_user_zero_grad(Unit& u, bool strip);
+  void take_user_zero_grad(bool strip);
   void check_params(const Model& m, const Unit& u) const;
 
   void grad_ready(Model& m, uint32_t unit, size_t param);

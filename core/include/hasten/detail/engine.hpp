@@ -34,6 +34,7 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   const Config& config() const;
+  void set_debug(bool enabled);
   const ProcessInfo& process() const;
   torch::Device device() const;
   std::string strategy_name() const;
