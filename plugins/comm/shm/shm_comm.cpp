@@ -17,7 +17,7 @@
 // before it". A slot is rewritten only when every peer's phase 2 has passed the chunk it last
 // held, so consecutive chunks alternate between the two slots and nothing waits at the end of
 // an operation: a writer waits only when a reader is a whole slot behind.
-// Waits spin for a few microseconds, then sleep on a futex of the counter (the publisher wakes
+// Waits spin for up to 100 microseconds, then sleep on a futex of the counter (the publisher wakes
 // sleepers), so on a machine with more runnable processes than cores a waiting rank gives its
 // core to the rank it waits for. They check a deadline and whether the peers are alive, so a
 // dead peer is HASTEN_ERR_REMOTE and a hung one HASTEN_ERR_TIMEOUT.
@@ -64,7 +64,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kLine = 64;
 constexpr size_t kControlBytes = 4096;
-constexpr int kSpinMicroseconds = 20;         // before a waiting rank sleeps
+constexpr int kSpinMicroseconds = 100;        // before a waiting rank sleeps
 constexpr long kSleepNanoseconds = 20000000;  // 20 ms: how often a sleeper checks its peer's health
 
 struct alignas(kLine) Counter {
@@ -460,7 +460,8 @@ class ShmComm final : public hasten::sdk::Comm {
     Control* c = segments_[q].control();
     const auto& counter = c->phase[phase].value;
     if (counter.load(std::memory_order_acquire) >= id) return;
-    // Spin a few microseconds: a peer that is running publishes within that.
+    // Spin a while: a peer that is running usually publishes within that, and a sleeper pays
+    // the scheduler's wake-up latency (milliseconds when other processes hold the cores).
     const auto spin_until = Clock::now() + std::chrono::microseconds(kSpinMicroseconds);
     for (uint32_t spins = 1;; ++spins) {
       if (counter.load(std::memory_order_acquire) >= id) return;
