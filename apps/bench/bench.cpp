@@ -3,8 +3,9 @@
 // no hasten code in the step, same binary and build flags), one JSON line per run with the
 // fields torch_peer.py prints (plus the memory report). Every run is a fresh set of worker
 // processes (hasten::launch), so one run's threads and peak memory never leak into the next.
-// With --collectives it times allreduce, allgather and reduce_scatter of 4 KiB to 64 MiB
-// through the comm plugins instead; with --checkpoints DIR, save_state and load_state against
+// With --collectives it times allreduce, allgather and reduce_scatter of 4 KiB to 64 MiB per
+// rank through the comm plugins (into preallocated outputs), each beside its copy bound: a
+// plain memcpy of the bytes each rank must move, timed in the same run; with --checkpoints DIR, save_state and load_state against
 // plain sequential file I/O of the same bytes.
 //
 //   hasten-bench --workload mlp-small --mode ddp2 zero3 --impl hasten
@@ -21,6 +22,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 
@@ -73,6 +75,13 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
+// The bytes one rank must move in a collective of `bytes` per rank on `world` ranks, as a plain
+// memcpy would move them: an allgather writes world x bytes of output, a reduce_scatter reads
+// world slices (its whole input), an allreduce rewrites its buffer.
+int64_t copy_bytes(const std::string& op, int64_t bytes, int world) {
+  return op == "allgather" ? bytes * world : bytes;
+}
+
 void collectives(const std::string& comm, int64_t max_bytes) {
   hasten::LaunchOptions lo;
   lo.num_processes = 2;
@@ -81,40 +90,54 @@ void collectives(const std::string& comm, int64_t max_bytes) {
       [comm, max_bytes] {
         hasten::Accelerator acc;
         using Clock = std::chrono::steady_clock;
-        const auto blas = hasten::blas_info();
+        const int world = acc.num_processes();
         for (const std::string op : {"allreduce", "allgather", "reduce_scatter"}) {
           for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
             const int64_t n = bytes / 4;
+            // Every buffer is allocated and touched once, outside the timing: a collective
+            // into a fresh tensor would time the kernel's page faults, not the collective.
             auto t = torch::ones({n});
+            auto gathered = torch::zeros({n * world});
+            auto scattered = torch::zeros({n / world});
+            const int64_t copy = copy_bytes(op, bytes, world);
+            auto copy_src = torch::ones({copy / 4}), copy_dst = torch::zeros({copy / 4});
             auto run_once = [&] {
               if (op == "allreduce")
                 acc.all_reduce_(t, hasten::ReduceOp::Sum).wait();
               else if (op == "allgather")
-                acc.gather(t);
+                acc.all_gather_into(gathered, t);
               else
-                acc.reduce_scatter(t, hasten::ReduceOp::Sum);
+                acc.reduce_scatter_into(scattered, t, hasten::ReduceOp::Sum);
             };
-            const auto c0 = Clock::now();
-            for (int i = 0; i < 3; ++i) run_once();
+            auto seconds = [](auto&& f) {
+              const auto t0 = Clock::now();
+              f();
+              return std::chrono::duration<double>(Clock::now() - t0).count();
+            };
+            double each = 0;
+            for (int i = 0; i < 3; ++i) each += seconds(run_once) / 3;
             // Every rank must run the same number of iterations: agree on the largest wish
             // (about 0.3 s of work, 5 to 200 iterations).
-            const double each = std::chrono::duration<double>(Clock::now() - c0).count() / 3;
             const int64_t wish = std::clamp<int64_t>(static_cast<int64_t>(0.3 / std::max(each, 1e-7)), 5, 200);
             const int64_t iterations = acc.reduce(torch::tensor({wish}), "max").item<int64_t>();
-            std::vector<double> times;
+            // The copy bound: every rank copies its bytes at the same moment, as in the
+            // collective, interleaved with it so that both see the same machine.
+            std::vector<double> times, copies;
             for (int64_t i = 0; i < iterations; ++i) {
               acc.wait_for_everyone();
-              const auto t0 = Clock::now();
-              run_once();
-              times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+              copies.push_back(seconds([&] { std::memcpy(copy_dst.data_ptr(), copy_src.data_ptr(), static_cast<size_t>(copy)); }));
+              acc.wait_for_everyone();
+              times.push_back(seconds(run_once));
             }
             // The slowest rank decides.
-            const double mine = median(times);
-            const double slowest = acc.reduce(torch::tensor({mine}, torch::kDouble), "max").item<double>();
+            auto slowest = [&](double mine) { return acc.reduce(torch::tensor({mine}, torch::kDouble), "max").item<double>(); };
+            const double took = slowest(median(times)), bound = slowest(median(copies));
             if (acc.is_main_process())
               std::cout << nlohmann::ordered_json{{"impl", "hasten"}, {"comm", comm}, {"op", op}, {"bytes", bytes},
-                                                  {"median_ms", slowest * 1e3}, {"gb_per_s", bytes / slowest / 1e9},
-                                                  {"iterations", times.size()}, {"world_size", 2}}
+                                                  {"median_ms", took * 1e3}, {"gb_per_s", bytes / took / 1e9},
+                                                  {"copy_bytes", copy}, {"copy_ms", bound * 1e3},
+                                                  {"vs_copy", took / bound}, {"iterations", times.size()},
+                                                  {"world_size", world}}
                                .dump()
                         << std::endl;
           }

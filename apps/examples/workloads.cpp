@@ -4,6 +4,7 @@
 
 #include <sys/resource.h>
 
+#include <cmath>
 #include <limits>
 #include <stdexcept>
 
@@ -41,6 +42,35 @@ MlpImpl::MlpImpl(const std::vector<int64_t>& widths, bool units) {
 
 torch::Tensor MlpImpl::forward(torch::Tensor input) { return layers->forward(input); }
 
+torch::Tensor CausalBlockImpl::forward(const torch::Tensor& src, const torch::Tensor& mask) {
+  namespace F = torch::nn::functional;
+  // Python's F.multi_head_attention_forward for self-attention (q is k is v), need_weights=False.
+  const int64_t len = src.size(0), batch = src.size(1), width = src.size(2);
+  const int64_t heads = self_attn->options.num_heads(), head_dim = width / heads;
+  const auto qkv = F::linear(src, self_attn->in_proj_weight, self_attn->in_proj_bias).chunk(3, -1);
+  auto split_heads = [&](const torch::Tensor& t) { return t.contiguous().view({len, batch * heads, head_dim}).transpose(0, 1); };
+  const torch::Tensor q = split_heads(qkv[0]) / std::sqrt(static_cast<double>(head_dim));
+  const torch::Tensor k = split_heads(qkv[1]), v = split_heads(qkv[2]);
+  torch::Tensor weights = mask.defined() ? torch::baddbmm(mask.unsqueeze(0), q, k.transpose(-2, -1))
+                                         : torch::bmm(q, k.transpose(-2, -1));
+  weights = torch::softmax(weights, -1);
+  if (self_attn->options.dropout() > 0.0)
+    weights = F::dropout(weights, F::DropoutFuncOptions().p(self_attn->options.dropout()).training(is_training()));
+  torch::Tensor attn = torch::bmm(weights, v).transpose(0, 1).contiguous().view({len * batch, width});
+  attn = F::linear(attn, self_attn->out_proj->weight, self_attn->out_proj->bias).view({len, batch, width});
+  // Python's _sa_block and _ff_block, post-norm.
+  const torch::Tensor x = norm1(src + dropout1(attn));
+  torch::Tensor hidden = linear1(x);
+  const auto& activation = options.activation();
+  if (c10::get_if<torch::enumtype::kGELU>(&activation) != nullptr)
+    hidden = F::gelu(hidden);
+  else if (const auto* fn = c10::get_if<std::function<torch::Tensor(const torch::Tensor&)>>(&activation))
+    hidden = (*fn)(hidden);
+  else
+    hidden = F::relu(hidden);
+  return norm2(x + dropout2(linear2(dropout(hidden))));
+}
+
 TinyGptImpl::TinyGptImpl(int64_t vocab, int64_t seq, int64_t d_model, int64_t nhead, int64_t ff,
                          int64_t layers, bool units) {
   tok = register_module("tok", torch::nn::Embedding(vocab, d_model));
@@ -50,15 +80,12 @@ TinyGptImpl::TinyGptImpl(int64_t vocab, int64_t seq, int64_t d_model, int64_t nh
       torch::nn::TransformerEncoderLayerOptions(d_model, nhead).dim_feedforward(ff).dropout(0.0).activation(torch::kReLU);
   for (int64_t i = 0; i < layers; ++i) {
     if (units) {
-      hasten::Unit<torch::nn::TransformerEncoderLayer> layer(options);
+      hasten::Unit<CausalBlock> layer(options);
       blocks->push_back(layer.ptr());
-      // A unit keeps forward's exact signature: the padding mask is passed explicitly.
-      block_calls.push_back([layer](const torch::Tensor& h, const torch::Tensor& m) mutable {
-        return layer->forward(h, m, torch::Tensor());
-      });
+      block_calls.push_back([layer](const torch::Tensor& h, const torch::Tensor& m) mutable { return layer->forward(h, m); });
     } else {
-      torch::nn::TransformerEncoderLayer layer(options);
-      blocks->push_back(layer);
+      CausalBlock layer(options);
+      blocks->push_back(layer.ptr());
       block_calls.push_back([layer](const torch::Tensor& h, const torch::Tensor& m) mutable { return layer->forward(h, m); });
     }
   }

@@ -28,7 +28,7 @@ struct ModelImpl : torch::nn::Module {
 };
 
 // Sequential MLP: Linear/ReLU stack.
-// With units = true every Linear (MLP) or TransformerEncoderLayer (gpt-tiny) is a
+// With units = true every Linear (MLP) or encoder layer (gpt-tiny's CausalBlock) is a
 // hasten::Unit, for sharding strategies; initialisation and numerics are unchanged.
 struct MlpImpl : ModelImpl {
   MlpImpl(const std::vector<int64_t>& widths, bool units);
@@ -36,7 +36,21 @@ struct MlpImpl : ModelImpl {
   torch::nn::Sequential layers{nullptr};
 };
 
-// Token and learned position embeddings, 4 post-norm TransformerEncoderLayers with a causal
+// A post-norm TransformerEncoderLayer (same parameters, names and initialisation) whose forward
+// is the one PyTorch's Python layer runs in training: self-attention with need_weights=False.
+// LibTorch 1.13's C++ layer always asks its attention for the head-averaged weights (a sum over
+// heads of every score matrix, then thrown away) and adds the mask after the score product;
+// Python scales q, folds the mask into one baddbmm and averages nothing. This block does what
+// Python does, op for op, so that gpt-tiny costs the same and rounds the same as the peer's.
+struct CausalBlockImpl : torch::nn::TransformerEncoderLayerImpl {
+  using torch::nn::TransformerEncoderLayerImpl::TransformerEncoderLayerImpl;
+  // src: (sequence, batch, d_model); mask: a float (sequence, sequence) matrix added to the
+  // scores, or undefined for none.
+  torch::Tensor forward(const torch::Tensor& src, const torch::Tensor& mask);
+};
+TORCH_MODULE(CausalBlock);
+
+// Token and learned position embeddings, 4 post-norm encoder layers (CausalBlock) with a causal
 // mask (sequence-first), a linear head. Layers are constructed one by one, as the peer does.
 struct TinyGptImpl : ModelImpl {
   TinyGptImpl(int64_t vocab, int64_t seq, int64_t d_model, int64_t nhead, int64_t ff, int64_t layers, bool units);

@@ -195,6 +195,50 @@ torch::Tensor Engine::reduce_scatter(const torch::Tensor& tensor, ReduceOp op) {
   return out;
 }
 
+namespace {
+
+// The checks both *_into collectives share: one line naming what is wrong.
+void require_into(const char* op, const torch::Tensor& output, const torch::Tensor& input) {
+  if (!output.defined() || !input.defined()) throw UsageError(std::string(op) + ": output and input must be defined tensors");
+  if (!output.is_contiguous() || !input.is_contiguous())
+    throw UsageError(std::string(op) + ": output and input must be contiguous");
+  if (output.scalar_type() != input.scalar_type() || output.device() != input.device())
+    throw UsageError(std::string(op) + ": output (" + describe(output) + " on " + output.device().str() + ") and input (" +
+                     describe(input) + " on " + input.device().str() + ") must have one dtype and device");
+}
+
+}  // namespace
+
+void Engine::all_gather_into(torch::Tensor& output, const torch::Tensor& input) {
+  Impl& s = *impl_;
+  require_into("all_gather_into", output, input);
+  if (output.numel() != input.numel() * s.process.world_size)
+    throw UsageError("all_gather_into: output has " + std::to_string(output.numel()) + " elements; it must hold " +
+                     std::to_string(s.process.world_size) + " x " + std::to_string(input.numel()) + " (the processes x input)");
+  if (s.process.world_size == 1) {
+    if (output.data_ptr() != input.data_ptr()) output.view(input.sizes()).copy_(input);
+    return;
+  }
+  s.check_collective("all_gather_into", input);
+  DLTensor a = sdk::dl_view(input), b = sdk::dl_view(output);
+  if (auto work = s.comm->allgather(a, b, nullptr)) work->wait(0);
+}
+
+void Engine::reduce_scatter_into(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) {
+  Impl& s = *impl_;
+  require_into("reduce_scatter_into", output, input);
+  if (input.numel() != output.numel() * s.process.world_size)
+    throw UsageError("reduce_scatter_into: input has " + std::to_string(input.numel()) + " elements; it must hold " +
+                     std::to_string(s.process.world_size) + " x " + std::to_string(output.numel()) + " (the processes x output)");
+  if (s.process.world_size == 1) {
+    if (output.data_ptr() != input.data_ptr()) output.copy_(input.view(output.sizes()));
+    return;
+  }
+  s.check_collective("reduce_scatter_into", input);
+  DLTensor a = sdk::dl_view(input), b = sdk::dl_view(output);
+  if (auto work = s.comm->reduce_scatter(a, b, to_abi(op), nullptr)) work->wait(0);
+}
+
 void Engine::broadcast_(torch::Tensor& tensor, int from) {
   Impl& s = *impl_;
   if (from < 0 || from >= s.process.world_size)

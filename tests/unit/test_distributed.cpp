@@ -45,7 +45,8 @@ void all_operations_and_dtypes() {
   const int w = acc.num_processes(), r = acc.process_index();
   const std::string expected = std::getenv("HASTEN_COMM");
   require(acc.comm_backend() == expected, "the CPU backend is " + acc.comm_backend() + ", expected " + expected);
-  const std::vector<torch::ScalarType> dtypes = {torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kHalf, torch::kLong};
+  const std::vector<torch::ScalarType> dtypes = {torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kHalf, torch::kLong,
+                                                torch::kInt};
   const std::vector<std::pair<ReduceOp, const char*>> ops = {
       {ReduceOp::Sum, "sum"}, {ReduceOp::Avg, "avg"}, {ReduceOp::Min, "min"}, {ReduceOp::Max, "max"}};
   const int64_t n = 1000;
@@ -59,7 +60,8 @@ void all_operations_and_dtypes() {
       if (op == ReduceOp::Avg) expected = stacked.sum(0) / w;
       if (op == ReduceOp::Min) expected = std::get<0>(stacked.min(0));
       if (op == ReduceOp::Max) expected = std::get<0>(stacked.max(0));
-      if (dtype == torch::kLong && op == ReduceOp::Avg) expected = stacked.sum(0).to(torch::kLong).div(w, "trunc");
+      if ((dtype == torch::kLong || dtype == torch::kInt) && op == ReduceOp::Avg)
+        expected = stacked.sum(0).to(torch::kLong).div(w, "trunc");
       auto t = contribution(r, n, dtype);
       acc.all_reduce_(t, op).wait();
       const auto got = t.to(torch::kDouble);
@@ -121,6 +123,110 @@ TEST(Shm, EveryOperationAndDtypeWithTwoRanks) {
 
 TEST(Shm, EveryOperationAndDtypeWithThreeRanks) {
   hasten::launch(all_operations_and_dtypes, with_ranks(3, {{"HASTEN_COMM", "shm"}}));
+}
+
+// Collectives of several chunks whose sizes are not multiples of the chunk (1 MiB slots), in
+// every dtype the reductions support, interleaved so that consecutive operations reuse the
+// two staging slots while peers may still be reading the previous chunk; the *_into forms
+// into caller-owned outputs (one of them an allgather in place, input inside the output).
+void chunked_every_dtype() {
+  Accelerator acc;
+  const int w = acc.num_processes(), r = acc.process_index();
+  const std::vector<torch::ScalarType> dtypes = {torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kHalf, torch::kLong,
+                                                torch::kInt};
+  auto name = [](const char* what, torch::ScalarType d) { return std::string(what) + " " + c10::toString(d); };
+  for (auto dtype : dtypes) {
+    const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
+    const int64_t chunk = (int64_t{1} << 20) / es;  // elements of one slot
+    // allgather: 2 chunks and a remainder per rank, then 1 element, then a few.
+    for (int64_t k : {2 * chunk + 99, int64_t{1}, chunk / 3 + 7}) {
+      auto g = acc.gather(contribution(r, k, dtype));
+      std::vector<torch::Tensor> parts;
+      for (int q = 0; q < w; ++q) parts.push_back(contribution(q, k, dtype));
+      const auto want = torch::cat(parts);
+      require(torch::equal(g, want), name("chunked gather", dtype) + " of " + std::to_string(k));
+      auto out = torch::full({k * w}, -1, dtype);
+      acc.all_gather_into(out, contribution(r, k, dtype));
+      require(torch::equal(out, want), name("all_gather_into", dtype) + " of " + std::to_string(k));
+      auto in_place = torch::full({k * w}, -1, dtype);
+      in_place.narrow(0, r * k, k).copy_(contribution(r, k, dtype));
+      acc.all_gather_into(in_place, in_place.narrow(0, r * k, k));
+      require(torch::equal(in_place, want), name("all_gather_into in place", dtype) + " of " + std::to_string(k));
+    }
+    // reduce_scatter: each rank's slice is more than one staging chunk plus a remainder.
+    std::vector<std::pair<ReduceOp, const char*>> reductions = {{ReduceOp::Sum, "sum"}, {ReduceOp::Avg, "avg"}};
+    if (dtype == torch::kFloat) reductions.push_back({ReduceOp::Max, "max"});  // the kernels' other ops: see above
+    for (auto [op, opname] : reductions) {
+      const int64_t m = chunk + 1237;
+      std::vector<torch::Tensor> all;
+      for (int q = 0; q < w; ++q) all.push_back(contribution(q, m * w, dtype).to(torch::kDouble));
+      auto stacked = torch::stack(all);
+      torch::Tensor full = op == ReduceOp::Max ? std::get<0>(stacked.max(0)) : stacked.sum(0);
+      if (op == ReduceOp::Avg)
+        full = (dtype == torch::kLong || dtype == torch::kInt) ? full.to(torch::kLong).div(w, "trunc") : full / w;
+      const auto want = full.narrow(0, r * m, m).to(dtype);
+      auto got = acc.reduce_scatter(contribution(r, m * w, dtype), op);
+      require(torch::equal(got, want), name("chunked reduce_scatter", dtype) + " " + opname);
+      auto into = torch::full({m}, -1, dtype);
+      acc.reduce_scatter_into(into, contribution(r, m * w, dtype), op);
+      require(torch::equal(into, want), name("reduce_scatter_into", dtype) + " " + opname);
+    }
+    // allreduce and broadcast of 2.5 chunks between them.
+    auto t = contribution(r, 2 * chunk + chunk / 2, dtype);
+    acc.all_reduce_(t, ReduceOp::Sum).wait();
+    torch::Tensor sum = torch::zeros({t.numel()}, torch::kDouble);
+    for (int q = 0; q < w; ++q) sum += contribution(q, t.numel(), dtype).to(torch::kDouble);
+    require(torch::equal(t, sum.to(dtype)), name("chunked allreduce", dtype));
+    auto b = contribution(r, 2 * chunk + 5, dtype);
+    acc.broadcast_(b, w - 1);
+    require(torch::equal(b, contribution(w - 1, b.numel(), dtype)), name("chunked broadcast", dtype));
+    acc.wait_for_everyone();
+  }
+}
+
+TEST(Shm, EveryOperationAndDtypeWithFourRanks) {
+  hasten::launch(all_operations_and_dtypes, with_ranks(4, {{"HASTEN_COMM", "shm"}}));
+}
+
+TEST(Shm, ChunkedCollectivesInEveryDtypeWithTwoRanks) {
+  hasten::launch(chunked_every_dtype, with_ranks(2, {{"HASTEN_COMM", "shm"}, {"HASTEN_COMM_OPTIONS", "{buffer_mb: 1}"}}));
+}
+
+TEST(Shm, ChunkedCollectivesInEveryDtypeWithThreeRanks) {
+  hasten::launch(chunked_every_dtype, with_ranks(3, {{"HASTEN_COMM", "shm"}, {"HASTEN_COMM_OPTIONS", "{buffer_mb: 1}"}}));
+}
+
+TEST(Shm, ChunkedCollectivesInEveryDtypeWithFourRanks) {
+  hasten::launch(chunked_every_dtype, with_ranks(4, {{"HASTEN_COMM", "shm"}, {"HASTEN_COMM_OPTIONS", "{buffer_mb: 1}"}}));
+}
+
+TEST(Collectives, IntoFormsRefuseMismatchedTensorsWithOneLine) {
+  hasten::launch(
+      [] {
+        Accelerator acc;
+        auto expect = [](auto&& f, const std::string& want) {
+          try {
+            f();
+            require(false, "accepted: " + want);
+          } catch (const hasten::UsageError& e) {
+            require(std::string(e.what()).find(want) != std::string::npos, std::string("message: ") + e.what());
+          }
+        };
+        auto out = torch::zeros({5});
+        expect([&] { acc.all_gather_into(out, torch::ones({3})); },
+               "all_gather_into: output has 5 elements; it must hold 2 x 3 (the processes x input)");
+        expect([&] { acc.reduce_scatter_into(out, torch::ones({6})); },
+               "reduce_scatter_into: input has 6 elements; it must hold 2 x 5 (the processes x output)");
+        auto doubles = torch::zeros({6}, torch::kDouble);
+        expect([&] { acc.all_gather_into(doubles, torch::ones({3})); }, "must have one dtype and device");
+        auto strided = torch::zeros({4, 2}).t();
+        expect([&] { acc.all_gather_into(strided, torch::ones({4})); }, "must be contiguous");
+        // Nothing was sent: the next collective still pairs up.
+        auto g = torch::zeros({4});
+        acc.all_gather_into(g, torch::full({2}, static_cast<float>(acc.process_index())));
+        require(torch::equal(g, torch::tensor({0.f, 0.f, 1.f, 1.f})), "all_gather_into after the refusals");
+      },
+      with_ranks(2));
 }
 
 TEST(Shm, IsTheDefaultOnOneMachineAndChunksLargeBuffers) {

@@ -279,6 +279,15 @@ class Accelerator {
   torch::Tensor reduce_scatter(const torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) {
     return engine_->reduce_scatter(tensor, op);
   }
+  // gather and reduce_scatter into a tensor the caller owns (PyTorch's all_gather_into_tensor and
+  // reduce_scatter_tensor): contiguous tensors of one dtype and device, output holding
+  // num_processes x input elements (all_gather_into, rank-major) or input holding
+  // num_processes x output elements (reduce_scatter_into). A loop that reuses its output pays
+  // only the collective, not a fresh allocation's page faults on every call.
+  void all_gather_into(torch::Tensor& output, const torch::Tensor& input) { engine_->all_gather_into(output, input); }
+  void reduce_scatter_into(torch::Tensor& output, const torch::Tensor& input, ReduceOp op = ReduceOp::Sum) {
+    engine_->reduce_scatter_into(output, input, op);
+  }
   void broadcast_(torch::Tensor& tensor, int from_process = 0) { engine_->broadcast_(tensor, from_process); }
   // The comm plugin that carries collectives of tensors on `device` ("gloo", "local"...).
   std::string comm_backend(const torch::Device& device = torch::kCPU) const { return engine_->backend_for(device); }

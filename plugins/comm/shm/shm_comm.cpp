@@ -1,30 +1,44 @@
 // Comm plugin "shm": collectives between the processes of one machine through POSIX shared
 // memory, no sockets (the approach of DeepSpeed's CPU shm allreduce and oneCCL). C tier.
 //
-// Each rank owns a segment: a control block with three completion counters and two buffers
-// (data, result). Every rank maps every segment. An allreduce of a chunk is three phases,
-// each ending when every rank has published the phase's counter:
-//   1. each rank copies its input chunk into its data buffer;
-//   2. rank r reduces slice r of the chunk over every rank's data buffer (in rank order, so the
-//      result is the same wherever it is computed) into its result buffer;
-//   3. each rank copies every slice from its owner's result buffer into its output.
-// The third counter tells a rank that everybody has finished reading its buffers, so the next
-// operation may overwrite them. Waits spin, then yield; they check a deadline and whether the
-// peers are alive, so a dead peer is HASTEN_ERR_REMOTE and a hung one HASTEN_ERR_TIMEOUT.
+// Each rank owns a segment: a control block with three completion counters and a staging area
+// of two slots of buffer_mb each. Every rank maps every segment, so a rank reads its peers'
+// slots directly: every byte crosses shared memory once.
+//   allgather: each rank writes its part once into a slot; each copies its own part straight
+//     from its input and every peer's part out of that peer's slot.
+//   reduce_scatter: each rank stages only the pieces its peers need; each reduces its own slice
+//     over its own input (in place, not staged) and the peers' slots, in rank order.
+//   broadcast: the root writes a slot, the others copy it out.
+//   allreduce (per chunk): 1. each rank copies its chunk into slot 0; 2. rank r reduces slice r
+//     over every rank's slot 0 (in rank order, so the result is the same wherever it is
+//     computed) into its slot 1; 3. each rank copies every slice from its owner's slot 1.
+// Counters are monotonic operation ids: phase 0 says "my slot holds chunk id", phase 1 "my
+// reduced slice of chunk id is ready", phase 2 "I have finished reading chunk id and all
+// before it". A slot is rewritten only when every peer's phase 2 has passed the chunk it last
+// held, so consecutive chunks alternate between the two slots and nothing waits at the end of
+// an operation: a writer waits only when a reader is a whole slot behind.
+// Waits spin for up to 100 microseconds, then sleep on a futex of the counter (the publisher wakes
+// sleepers), so on a machine with more runnable processes than cores a waiting rank gives its
+// core to the rank it waits for. They check a deadline and whether the peers are alive, so a
+// dead peer is HASTEN_ERR_REMOTE and a hung one HASTEN_ERR_TIMEOUT.
 // Operations run on the caller's thread and complete before they return: on one machine the
 // latency of a hand-off to another thread is what this plugin exists to avoid.
 #include <hasten/plugin.hpp>
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sched.h>
+#include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -50,6 +64,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kLine = 64;
 constexpr size_t kControlBytes = 4096;
+constexpr int kSpinMicroseconds = 100;        // before a waiting rank sleeps
+constexpr long kSleepNanoseconds = 20000000;  // 20 ms: how often a sleeper checks its peer's health
 
 struct alignas(kLine) Counter {
   std::atomic<uint64_t> value;
@@ -59,17 +75,40 @@ struct alignas(kLine) Counter {
 struct Control {
   Counter phase[3];
   std::atomic<int32_t> pid;
-  uint64_t capacity;  // bytes of each of the two buffers
+  uint64_t capacity;  // bytes of each of the two slots
+  // Ranks asleep on one of this segment's counters: a publisher makes the wake-up system call
+  // only when somebody sleeps.
+  alignas(kLine) std::atomic<uint32_t> sleepers;
 };
 static_assert(sizeof(Control) <= kControlBytes, "control block");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory counters need lock-free atomics");
+static_assert(sizeof(std::atomic<uint64_t>) == 8, "a counter is one 64-bit word");
+
+// The futex word of a counter: its low 32 bits (ids change there first).
+uint32_t* futex_word(const std::atomic<uint64_t>& counter) {
+  auto* words = reinterpret_cast<uint32_t*>(const_cast<std::atomic<uint64_t>*>(&counter));
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  return words;
+#else
+  return words + 1;
+#endif
+}
+
+// Not FUTEX_PRIVATE: the word lives in memory shared between processes.
+void futex_sleep(const std::atomic<uint64_t>& counter, uint32_t seen, long nanoseconds) {
+  const timespec ts{0, nanoseconds};
+  ::syscall(SYS_futex, futex_word(counter), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+void futex_wake_all(const std::atomic<uint64_t>& counter) {
+  ::syscall(SYS_futex, futex_word(counter), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
 
 struct Segment {
   void* base = nullptr;
   size_t size = 0;
   Control* control() const { return static_cast<Control*>(base); }
-  char* data() const { return static_cast<char*>(base) + kControlBytes; }
-  char* result() const { return data() + control()->capacity; }
+  char* slot(int s) const { return static_cast<char*>(base) + kControlBytes + static_cast<size_t>(s) * control()->capacity; }
 };
 
 // Segment names: kNamePrefix, the creating process's pid, "-", the run's token, "-", the rank.
@@ -104,7 +143,15 @@ void cpu_relax() {
 #endif
 }
 
-
+// Copies a piece of a rank's own data to two places in one pass over the source.
+void copy_twice(char* a, char* b, const char* src, size_t bytes) {
+  constexpr size_t kStep = 64 * 1024;  // stays in L1/L2 between the two writes
+  for (size_t at = 0; at < bytes; at += kStep) {
+    const size_t n = std::min(kStep, bytes - at);
+    std::memcpy(a + at, src + at, n);
+    if (b + at != src + at) std::memcpy(b + at, a + at, n);
+  }
+}
 
 class ShmComm final : public hasten::sdk::Comm {
  public:
@@ -184,6 +231,7 @@ class ShmComm final : public hasten::sdk::Comm {
     segments_[static_cast<size_t>(rank_)] = map(fd, size, my_name_);
     Control* mine = segments_[static_cast<size_t>(rank_)].control();
     for (auto& c : mine->phase) c.value.store(0, std::memory_order_relaxed);
+    mine->sleepers.store(0, std::memory_order_relaxed);
     mine->capacity = capacity_;
     mine->pid.store(::getpid(), std::memory_order_release);
     store_set("segment/" + std::to_string(rank_), my_name_);
@@ -223,19 +271,22 @@ class ShmComm final : public hasten::sdk::Comm {
     const auto deadline = Clock::now() + timeout_of(o);
     const size_t per_chunk = capacity_ / es;
     char* buf = data_of(buffer);
+    // Both slots are rewritten: every peer must be done with what they last held. Within the
+    // loop, a peer that published phase 0 of chunk k has finished reading chunk k-1.
+    wait_all(2, std::max(slot_last_[0], slot_last_[1]), deadline, "allreduce");
     for (size_t start = 0; start < n; start += per_chunk) {
       const size_t count = std::min(per_chunk, n - start);
       const uint64_t id = ++op_;
-      std::memcpy(me().data(), buf + start * es, count * es);
+      std::memcpy(me().slot(0), buf + start * es, count * es);
       publish(0, id);
       wait_all(0, id, deadline, "allreduce");
       // My slice of this chunk, reduced over every rank in rank order.
       const size_t lo = count * static_cast<size_t>(rank_) / static_cast<size_t>(world_);
       const size_t hi = count * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(world_);
       if (hi > lo) {
-        char* out = me().result() + lo * es;
-        kernel(out, segments_[0].data() + lo * es, segments_[1].data() + lo * es, hi - lo);
-        for (int q = 2; q < world_; ++q) kernel(out, out, segments_[static_cast<size_t>(q)].data() + lo * es, hi - lo);
+        char* out = me().slot(1) + lo * es;
+        kernel(out, segments_[0].slot(0) + lo * es, segments_[1].slot(0) + lo * es, hi - lo);
+        for (int q = 2; q < world_; ++q) kernel(out, out, segments_[static_cast<size_t>(q)].slot(0) + lo * es, hi - lo);
         if (op == HASTEN_REDUCE_AVG) hasten::comm::divide(out, hi - lo, buffer.dtype, world_);
       }
       publish(1, id);
@@ -243,10 +294,10 @@ class ShmComm final : public hasten::sdk::Comm {
       for (int q = 0; q < world_; ++q) {
         const size_t qlo = count * static_cast<size_t>(q) / static_cast<size_t>(world_);
         const size_t qhi = count * static_cast<size_t>(q + 1) / static_cast<size_t>(world_);
-        if (qhi > qlo) std::memcpy(buf + (start + qlo) * es, segments_[static_cast<size_t>(q)].result() + qlo * es, (qhi - qlo) * es);
+        if (qhi > qlo) std::memcpy(buf + (start + qlo) * es, segments_[static_cast<size_t>(q)].slot(1) + qlo * es, (qhi - qlo) * es);
       }
       publish(2, id);
-      wait_all(2, id, deadline, "allreduce");
+      slot_last_[0] = slot_last_[1] = id;
     }
     return nullptr;
   }
@@ -265,16 +316,21 @@ class ShmComm final : public hasten::sdk::Comm {
       if (out != in) std::memmove(out, in, bytes);
       return nullptr;
     }
+    char* mine = out + static_cast<size_t>(rank_) * bytes;
     for (size_t start = 0; start < bytes; start += capacity_) {
       const size_t count = std::min(capacity_, bytes - start);
       const uint64_t id = ++op_;
-      std::memcpy(me().data(), in + start, count);
+      const int s = claim_slot(id, deadline, "allgather");
+      // My part: into my slot for the peers and into my output, in one pass over the input.
+      copy_twice(me().slot(s), mine + start, in + start, count);
       publish(0, id);
-      wait_all(0, id, deadline, "allgather");
-      for (int q = 0; q < world_; ++q)
-        std::memcpy(out + static_cast<size_t>(q) * bytes + start, segments_[static_cast<size_t>(q)].data(), count);
+      // The peers' parts, starting with the next rank so that not everyone reads rank 0 first.
+      for (int k = 1; k < world_; ++k) {
+        const size_t q = static_cast<size_t>((rank_ + k) % world_);
+        wait_one(q, 0, id, deadline, "allgather");
+        std::memcpy(out + q * bytes + start, segments_[q].slot(s), count);
+      }
       publish(2, id);
-      wait_all(2, id, deadline, "allgather");
     }
     return nullptr;
   }
@@ -296,22 +352,33 @@ class ShmComm final : public hasten::sdk::Comm {
       if (op == HASTEN_REDUCE_AVG) hasten::comm::divide(out, m, input.dtype, 1);
       return nullptr;
     }
-    // Chunks of each rank's block: the data buffer holds world_size pieces of `count`.
-    const size_t per_chunk = capacity_ / es / static_cast<size_t>(world_);
+    // A slot holds, per chunk, the world_size - 1 pieces this rank's peers reduce (rank q's
+    // piece at position q, or q - 1 past this rank); this rank's own piece is never staged.
+    const size_t pieces = static_cast<size_t>(world_ - 1);
+    const size_t per_chunk = capacity_ / es / pieces;
+    auto position = [](size_t q, size_t owner) { return q < owner ? q : q - 1; };
+    const size_t r = static_cast<size_t>(rank_);
+    std::vector<const char*> sources(static_cast<size_t>(world_));
     for (size_t start = 0; start < m; start += per_chunk) {
       const size_t count = std::min(per_chunk, m - start);
       const uint64_t id = ++op_;
-      for (int q = 0; q < world_; ++q)
-        std::memcpy(me().data() + static_cast<size_t>(q) * count * es, in + (static_cast<size_t>(q) * m + start) * es, count * es);
+      const int s = claim_slot(id, deadline, "reduce_scatter");
+      for (size_t q = 0; q < static_cast<size_t>(world_); ++q)
+        if (q != r) std::memcpy(me().slot(s) + position(q, r) * count * es, in + (q * m + start) * es, count * es);
       publish(0, id);
-      wait_all(0, id, deadline, "reduce_scatter");
+      for (size_t q = 0; q < static_cast<size_t>(world_); ++q) {
+        if (q == r) {
+          sources[q] = in + (r * m + start) * es;
+        } else {
+          wait_one(q, 0, id, deadline, "reduce_scatter");
+          sources[q] = segments_[q].slot(s) + position(r, q) * count * es;
+        }
+      }
       char* dst = out + start * es;
-      const size_t at = static_cast<size_t>(rank_) * count * es;
-      kernel(dst, segments_[0].data() + at, segments_[1].data() + at, count);
-      for (int q = 2; q < world_; ++q) kernel(dst, dst, segments_[static_cast<size_t>(q)].data() + at, count);
+      kernel(dst, sources[0], sources[1], count);
+      for (size_t q = 2; q < static_cast<size_t>(world_); ++q) kernel(dst, dst, sources[q], count);
       if (op == HASTEN_REDUCE_AVG) hasten::comm::divide(dst, count, input.dtype, world_);
       publish(2, id);
-      wait_all(2, id, deadline, "reduce_scatter");
     }
     return nullptr;
   }
@@ -329,12 +396,15 @@ class ShmComm final : public hasten::sdk::Comm {
     for (size_t start = 0; start < bytes; start += capacity_) {
       const size_t count = std::min(capacity_, bytes - start);
       const uint64_t id = ++op_;
-      if (rank_ == root) std::memcpy(me().data(), buf + start, count);
-      publish(0, id);
-      wait_one(static_cast<size_t>(root), 0, id, deadline, "broadcast");
-      if (rank_ != root) std::memcpy(buf + start, segments_[static_cast<size_t>(root)].data(), count);
+      const int s = claim_slot(id, deadline, "broadcast");
+      if (rank_ == root) {
+        std::memcpy(me().slot(s), buf + start, count);
+        publish(0, id);
+      } else {
+        wait_one(static_cast<size_t>(root), 0, id, deadline, "broadcast");
+        std::memcpy(buf + start, segments_[static_cast<size_t>(root)].slot(s), count);
+      }
       publish(2, id);
-      wait_all(2, id, deadline, "broadcast");
     }
     return nullptr;
   }
@@ -369,21 +439,46 @@ class ShmComm final : public hasten::sdk::Comm {
     return o != nullptr && o->timeout_ms > 0 ? std::chrono::milliseconds(o->timeout_ms) : timeout_;
   }
 
-  void publish(int phase, uint64_t id) { me().control()->phase[phase].value.store(id, std::memory_order_release); }
+  void publish(int phase, uint64_t id) {
+    Control* c = me().control();
+    c->phase[phase].value.store(id, std::memory_order_seq_cst);
+    // Pairs with the sleeper's increment and re-check in wait_one: either it sees the new id,
+    // or this load sees it counted and wakes it.
+    if (c->sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(c->phase[phase].value);
+  }
+
+  // The slot of chunk `id` (they alternate), once every peer has finished reading the chunk
+  // it last held.
+  int claim_slot(uint64_t id, Clock::time_point deadline, const char* op) {
+    const int s = static_cast<int>(id & 1);
+    wait_all(2, slot_last_[s], deadline, op);
+    slot_last_[s] = id;
+    return s;
+  }
 
   void wait_one(size_t q, int phase, uint64_t id, Clock::time_point deadline, const char* op) {
-    const Control* c = segments_[q].control();
-    for (uint64_t spins = 0; c->phase[phase].value.load(std::memory_order_acquire) < id; ++spins) {
-      if (spins < 4096) {
-        cpu_relax();
-        continue;
-      }
-      ::sched_yield();
-      if ((spins & 1023) != 0) continue;
+    Control* c = segments_[q].control();
+    const auto& counter = c->phase[phase].value;
+    if (counter.load(std::memory_order_acquire) >= id) return;
+    // Spin a while: a peer that is running usually publishes within that, and a sleeper pays
+    // the scheduler's wake-up latency (milliseconds when other processes hold the cores).
+    const auto spin_until = Clock::now() + std::chrono::microseconds(kSpinMicroseconds);
+    for (uint32_t spins = 1;; ++spins) {
+      if (counter.load(std::memory_order_acquire) >= id) return;
+      cpu_relax();
+      if ((spins & 63) == 0 && Clock::now() > spin_until) break;
+    }
+    // Then sleep until the peer publishes, looking at its health every sleep period.
+    for (;;) {
+      c->sleepers.fetch_add(1, std::memory_order_seq_cst);
+      const uint64_t seen = counter.load(std::memory_order_seq_cst);
+      if (seen < id) futex_sleep(counter, static_cast<uint32_t>(seen), kSleepNanoseconds);
+      c->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      if (counter.load(std::memory_order_acquire) >= id) return;
       // A peer that published its last phase and then exited is not a failure: look again
       // after learning it is gone, or the end of a run races with its last collective.
       if (::kill(c->pid.load(std::memory_order_relaxed), 0) != 0 && errno == ESRCH &&
-          c->phase[phase].value.load(std::memory_order_acquire) < id)
+          counter.load(std::memory_order_acquire) < id)
         throw Error(HASTEN_ERR_REMOTE, "shm: rank " + std::to_string(q) + " (pid " + std::to_string(c->pid.load()) +
                                            ") died during " + op + " (rank " + std::to_string(rank_) + " was waiting)");
       if (Clock::now() > deadline)
@@ -393,6 +488,7 @@ class ShmComm final : public hasten::sdk::Comm {
   }
 
   void wait_all(int phase, uint64_t id, Clock::time_point deadline, const char* op) {
+    if (id == 0) return;
     for (size_t q = 0; q < segments_.size(); ++q)
       if (static_cast<int>(q) != rank_) wait_one(q, phase, id, deadline, op);
   }
@@ -433,6 +529,7 @@ class ShmComm final : public hasten::sdk::Comm {
   bool unlinked_ = false;
   std::vector<Segment> segments_;
   uint64_t op_ = 0;
+  uint64_t slot_last_[2] = {0, 0};  // the last chunk id each of my slots held
   std::mutex mutex_;
 };
 

@@ -132,6 +132,8 @@ class Engine {
   void wait_for_everyone();
   std::shared_ptr<PendingWork> all_reduce_(torch::Tensor& tensor, ReduceOp op);
   torch::Tensor reduce_scatter(const torch::Tensor& tensor, ReduceOp op);
+  void all_gather_into(torch::Tensor& output, const torch::Tensor& input);
+  void reduce_scatter_into(torch::Tensor& output, const torch::Tensor& input, ReduceOp op);
   void broadcast_(torch::Tensor& tensor, int from);
   std::string backend_for(const torch::Device& device) const;
   void set_trigger();
