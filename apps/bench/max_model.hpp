@@ -19,7 +19,7 @@ GptShape gpt_shape(int size);
 struct MaxModelOptions {
   uint64_t budget_bytes = 8ull << 30;  // for both processes together
   std::vector<std::string> sides = {"ddp2", "zero3", "torch-ddp2"};
-  int seq = 32, batch = 2;  // tokens per process and step: the model's state decides, not activations
+  int seq = 16, batch = 1;  // tokens per process and step: the model's state decides, not activations
   int max_size = 128;       // never try a larger size
   std::string self;         // this program, for the hasten trials
   std::string peer;         // tests/integration/peers/torch_peer.py, for torch-ddp2
