@@ -149,8 +149,10 @@ def main():
     raw = open(os.path.join(out_dir, "results.jsonl"), "w")  # every record as soon as it exists
     steps = ["--steps", str(args.steps)] if args.steps else []
     for w in args.workloads:
-        for mode in args.modes:
-            for r in range(args.repeats):
+        # Round by round, every mode in each round: the sharded modes' ratios to ddp2 pair runs
+        # made minutes apart at most, not a whole mode's rounds apart.
+        for r in range(args.repeats):
+            for mode in args.modes:
                 sides = [("hasten", [bench, "--workload", w, "--mode", mode, "--impl", "hasten", "--quiet", *steps])]
                 if mode in LIBTORCH_MODES:
                     sides.append(("libtorch", [bench, "--workload", w, "--mode", mode, "--impl", "libtorch", "--quiet", *steps]))

@@ -5,8 +5,10 @@
 // processes (hasten::launch), so one run's threads and peak memory never leak into the next.
 // With --collectives it times allreduce, allgather and reduce_scatter of 4 KiB to 64 MiB per
 // rank through the comm plugins (into preallocated outputs), each beside its copy bound: a
-// plain memcpy of the bytes each rank must move, timed in the same run; with --checkpoints DIR, save_state and load_state against
-// plain sequential file I/O of the same bytes.
+// plain memcpy of the bytes each rank must move, timed in the same run; with --checkpoints
+// DIR, save_state and load_state against plain sequential file I/O of the same bytes; with
+// --max-model, the largest gpt-style model ddp, zero3 and PyTorch DDP train on 2 processes
+// within a memory budget (max_model.cpp).
 //
 //   hasten-bench --workload mlp-small --mode ddp2 zero3 --impl hasten
 //   hasten-bench --collectives --comm shm gloo
@@ -28,6 +30,7 @@
 
 #include "../cli_checks.hpp"
 #include "../error_line.hpp"
+#include "max_model.hpp"
 #include "runner.hpp"
 #include "workloads.hpp"
 
@@ -268,6 +271,27 @@ int main(int argc, char** argv) {
       ->check(hasten::cli::integer_in(4096, 1ll << 34));
   app.add_flag("--quiet,-q", quiet, "No progress bar on stderr during the workload runs");
   app.add_flag("--print-blas-env", print_blas_env, "Print the OpenBLAS settings the runs use, and exit");
+  int processes = 0;
+  app.add_option("--processes", processes, "Processes of the multi-process modes (default: 2)")
+      ->check(hasten::cli::integer_in(2, 64));
+  hasten::bench::MaxModelOptions mm;
+  bool max_model = false;
+  double budget_mib = 8192;
+  app.add_flag("--max-model", max_model,
+               "Find the largest gpt-style model each side trains for 3 steps on 2 processes within --budget-mib");
+  app.add_option("--budget-mib", budget_mib, "--max-model: summed peak resident memory of both processes (default 8192)")
+      ->check(CLI::Range(64.0, 1048576.0));
+  app.add_option("--sides", mm.sides, "--max-model: ddp2 zero3 torch-ddp2 (default: all three)")
+      ->check(CLI::IsMember({"ddp2", "zero3", "torch-ddp2"}));
+  app.add_option("--max-size", mm.max_size, "--max-model: largest size tried (width 32 s, depth s/2; default 128)")
+      ->check(hasten::cli::integer_in(1, 1024));
+  app.add_option("--peer", mm.peer, "--max-model: the PyTorch peer (default: the source tree's torch_peer.py)");
+  std::string trial_mode;
+  int trial_size = 0;
+  app.add_option("--max-model-trial", trial_mode)->group("")->check(CLI::IsMember({"ddp2", "zero3"}));
+  app.add_option("--max-model-size", trial_size)->group("")->check(hasten::cli::integer_in(1, 1024));
+  app.add_option("--max-model-seq", mm.seq)->group("")->check(hasten::cli::integer_in(1, 4096));
+  app.add_option("--max-model-batch", mm.batch)->group("")->check(hasten::cli::integer_in(1, 4096));
   std::string checkpoint_dir;
   app.add_option("--checkpoints", checkpoint_dir,
                  "Time save_state/load_state against plain file I/O in this directory instead (modes: default ddp2 zero3)");
@@ -286,6 +310,19 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
+    if (!trial_mode.empty()) {
+      hasten::bench::max_model_trial(trial_mode, trial_size > 0 ? trial_size : 1, mm.seq, mm.batch);
+      return 0;
+    }
+    if (max_model) {
+      mm.budget_bytes = static_cast<uint64_t>(budget_mib * 1048576.0);
+      mm.self = "/proc/self/exe";
+      if (mm.peer.empty()) mm.peer = HASTEN_BENCH_PEER;
+      char self[4096];
+      const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+      if (n > 0) mm.self.assign(self, static_cast<size_t>(n));
+      return hasten::bench::max_model(mm);
+    }
     if (!checkpoint_dir.empty()) {
       if (mode_names.empty()) mode_names = {"ddp2", "zero3"};
       for (auto& w : workloads)
@@ -330,7 +367,7 @@ int main(int argc, char** argv) {
           a.options.mixed_precision = it->precision;
           if (it->accumulation > 1) a.options.gradient_accumulation_steps = it->accumulation;
           hasten::LaunchOptions lo;
-          lo.num_processes = it->world;
+          lo.num_processes = it->world > 1 && processes > 0 ? processes : it->world;
           lo.timeout_s = 3600;
           try {
             hasten::launch([a] { hasten::examples::run(a); }, lo);

@@ -1,7 +1,7 @@
 """zero (stages 1-3, stage 3 with both offloads) and fsdp (FULL_SHARD, SHARD_GRAD_OP) give the
 same losses and final parameters as ddp over 2 processes (float32, within 1e-6) on mlp-small
 and gpt-tiny with units declared, with accumulation of 4 and with clip_grad_norm_(1.0); and on
-mlp-large their memory reports keep the promises of each stage."""
+mlp-large their memory reports keep the promises of each stage, zero3's at 2, 3 and 4 ranks."""
 import json
 import os
 import struct
@@ -70,12 +70,12 @@ with tempfile.TemporaryDirectory() as tmp:
             compare(f"{name}: {label}", reference, train(tmp, strategy, strategy, extra, args, env))
 
     # Memory on mlp-large with a unit per Linear.
-    def memory(strategy):
-        p = h.run(h.hasten("launch", "--num_processes", "2", "--strategy", strategy, EXAMPLE, "--workload",
+    def memory(strategy, processes=2, per_rank=False):
+        p = h.run(h.hasten("launch", "--num_processes", str(processes), "--strategy", strategy, EXAMPLE, "--workload",
                            "mlp-large", "--warmup", "1", "--steps", "2", "--units", "--log-every", "0", "--json"),
                   env=env, check=True, timeout=600)
         line = [l for l in p.stdout.splitlines() if '"impl"' in l][0]
-        return json.loads(line[line.index("{"):])["memory"]
+        return json.loads(line[line.index("{"):])["memory_per_rank" if per_rank else "memory"]
 
     ddp, zero1, zero3 = memory("ddp"), memory("zero1"), memory("zero3")
     mb = lambda b: f"{b / 2**20:.1f} MiB"
@@ -88,6 +88,20 @@ with tempfile.TemporaryDirectory() as tmp:
     largest_unit = (4096 * 4096 + 4096) * 4  # Linear(4096, 4096); the root owns no parameters
     if zero3["peak_full_params"] > largest_unit:
         h.fail(f"zero3's peak of full parameters {mb(zero3['peak_full_params'])} exceeds the largest unit {mb(largest_unit)}")
+    # Memory that shrinks with the number of ranks: at 3 and 4 ranks every rank holds 1/N of
+    # ddp's state at rest, and at its peak 1/N plus at most three units: the parameters and
+    # gradients of the unit backward works on and the gradients of the unit before it, still
+    # being reduced (the peaks are summed although they need not coincide).
+    for n in (3, 4):
+        for r, rank in enumerate(memory("zero3", n, per_rank=True)):
+            peak = rank["peak_full_params"] + rank["peak_grads"] + rank["peak_optimizer"] + rank["param_shards"]
+            print(f"zero3 x{n} rank {r}: at rest {mb(rank['at_rest'])}, summed peaks {mb(peak)}")
+            if rank["at_rest"] > ddp["at_rest"] / n * 1.02:
+                h.fail(f"zero3 on {n} ranks: rank {r} holds {mb(rank['at_rest'])} at rest, more than 1/{n} of ddp's "
+                       f"{mb(ddp['at_rest'])} + 2%")
+            if peak > ddp["at_rest"] / n * 1.02 + 3 * largest_unit:
+                h.fail(f"zero3 on {n} ranks: rank {r} peaks at {mb(peak)}, more than 1/{n} of ddp's state + 3 x the "
+                       f"largest unit")
     if zero1["optimizer"] > 0.5 * ddp["optimizer"] * 1.02:
         h.fail(f"zero1's optimizer state {mb(zero1['optimizer'])} is more than 0.5 x ddp's {mb(ddp['optimizer'])} + 2%")
 print("sharded: OK")

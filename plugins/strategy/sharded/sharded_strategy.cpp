@@ -36,20 +36,6 @@ torch::Tensor alias(const torch::Tensor& flat, int64_t offset, at::IntArrayRef s
   return t;
 }
 
-// Frees the memory of a storage: every tensor sharing the StorageImpl (parameters, gradient
-// views, tensors autograd saved) now holds 0 bytes. Only this level returns memory.
-void storage_free(const torch::Tensor& flat) {
-  c10::StorageImpl* s = flat.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(s->allocator()->allocate(0));
-  s->set_nbytes(0);
-}
-
-void storage_alloc(const torch::Tensor& flat, size_t nbytes) {
-  c10::StorageImpl* s = flat.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
-  s->set_nbytes(nbytes);
-}
-
 uint64_t bytes_of(const torch::Tensor& t) {
   return t.defined() ? static_cast<uint64_t>(t.numel()) * t.element_size() : 0;
 }
@@ -108,17 +94,7 @@ void ShardedStrategy::prepare_model(torch::nn::Module& module, const hasten_mode
   build_units(*model, info);
   Model* m = model.get();
   models_.push_back(std::move(model));
-  for (uint32_t k = 0; k < m->units.size(); ++k) {
-    Unit& u = m->units[k];
-    for (size_t i = 0; i < u.params.size(); ++i) {
-      locations_[u.params[i].unsafeGetTensorImpl()] = {m, k, i};
-      u.hooks.emplace_back(u.params[i], [this, m, k, i] { grad_ready(*m, k, i); },
-                           options_.label + ": parameter '" + u.names[i] + "'");
-    }
-    // Only now: the AccumulateGrad node records the parameter's shape when it is created.
-    if (options_.stage >= 2) free_grads(u);
-    if (options_.stage == 3) free_params(u);
-  }
+  for (uint32_t k = 0; k < m->units.size(); ++k) materialize_unit(*m, k);
   // Peaks count from here: the full model the user built before prepare is not the strategy's.
   peak_ = hasten_memory_report{};
   peak_.struct_size = sizeof(peak_);
@@ -162,33 +138,51 @@ void ShardedStrategy::build_units(Model& m, const hasten_model_info& info) {
     u.params.push_back(p);
     u.names.push_back(named.key());
   }
-  const torch::Device shard_dev = shard_device();
   for (uint32_t k = 0; k < n_units; ++k) {
     Unit& u = m.units[k];
     u.module = unit_modules[k];
-    if (u.params.empty()) {
-      u.params_live = u.grads_live = false;
-      continue;
-    }
-    u.padded = (u.numel + world_ - 1) / world_ * world_;
-    u.shard = u.padded / world_;
-    const auto options = u.params.front().options().requires_grad(false);
+    if (u.params.empty()) u.params_live = u.grads_live = false;
+  }
+}
+
+// Moves one unit's parameters into its flat buffer, makes its shard and gradient buffers, and
+// (stages 2 and 3) frees what is not kept at rest before the next unit is made: the memory of
+// prepare peaks at the user's full model plus one unit, not at three copies of the model.
+void ShardedStrategy::materialize_unit(Model& m, uint32_t k) {
+  Unit& u = m.units[k];
+  if (u.params.empty()) return;
+  u.padded = (u.numel + world_ - 1) / world_ * world_;
+  u.shard = u.padded / world_;
+  const auto options = u.params.front().options().requires_grad(false);
+  {
     torch::NoGradGuard no_grad;
-    u.flat = torch::zeros({u.padded}, options);
-    u.flat_grad = torch::zeros({u.padded}, options);
+    u.flat = torch::empty({u.padded}, options);
+    if (u.padded > u.numel) u.flat.narrow(0, u.numel, u.padded - u.numel).zero_();
     for (size_t i = 0; i < u.params.size(); ++i) {
       u.flat.narrow(0, u.offsets[i], u.params[i].numel()).copy_(u.params[i].reshape(-1));
-      rebind(u.params[i], u.flat, u.offsets[i], u.params[i].sizes());
+      rebind(u.params[i], u.flat, u.offsets[i], u.params[i].sizes());  // the user's storage goes
     }
-    attach_grads(u);
+    // Stages 2 and 3 allocate the full gradients for each backward: untouched pages here cost
+    // nothing, and the buffer is freed below.
+    u.flat_grad = options_.stage >= 2 ? torch::empty({u.padded}, options) : torch::zeros({u.padded}, options);
+    if (options_.stage < 2) attach_grads(u);
     if (options_.stage >= 1) {
-      u.master = u.flat.narrow(0, static_cast<int64_t>(rank_) * u.shard, u.shard).to(shard_dev, torch::kFloat, false, true);
+      u.master = u.flat.narrow(0, static_cast<int64_t>(rank_) * u.shard, u.shard).to(shard_device(), torch::kFloat, false, true);
       if (options_.stage == 1)
         u.shard_grad = alias(u.flat_grad, static_cast<int64_t>(rank_) * u.shard, {u.shard});
       else
         u.shard_grad = torch::zeros({u.shard}, u.master.options());
     }
   }
+  Model* mp = &m;
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    locations_[u.params[i].unsafeGetTensorImpl()] = {mp, k, i};
+    u.hooks.emplace_back(u.params[i], [this, mp, k, i] { grad_ready(*mp, k, i); },
+                         options_.label + ": parameter '" + u.names[i] + "'");
+  }
+  // Only now: the AccumulateGrad node records the parameter's shape when it is created.
+  if (options_.stage >= 2) free_grads(u);
+  if (options_.stage == 3) free_params(u);
 }
 
 void ShardedStrategy::prepare_optimizer(torch::optim::Optimizer& optimizer) {
@@ -223,6 +217,31 @@ void ShardedStrategy::prepare_optimizer(torch::optim::Optimizer& optimizer) {
 }
 
 // ---- memory of units ----------------------------------------------------------------------
+
+// Frees the memory of a storage: every tensor sharing the StorageImpl (parameters, gradient
+// views, tensors autograd saved) now holds 0 bytes. Only this level returns memory; on the CPU
+// the buffer goes to the pool, for the next materialisation of a unit of the same size.
+void ShardedStrategy::storage_free(const torch::Tensor& flat) {
+  c10::StorageImpl* s = flat.storage().unsafeGetStorageImpl();
+  const size_t nbytes = s->nbytes();
+  c10::DataPtr old = s->set_data_ptr(s->allocator()->allocate(0));
+  s->set_nbytes(0);
+  if (flat.device().is_cpu()) pool_.give(std::move(old), nbytes);
+}
+
+// An uninitialised 1-D tensor whose memory comes from the pool (give it back with storage_free).
+torch::Tensor ShardedStrategy::pooled_empty(int64_t n, const torch::TensorOptions& options) {
+  torch::Tensor t = torch::empty({0}, options);
+  storage_alloc(t, static_cast<size_t>(n) * t.element_size());
+  rebind(t, t, 0, {n});
+  return t;
+}
+
+void ShardedStrategy::storage_alloc(const torch::Tensor& flat, size_t nbytes) {
+  c10::StorageImpl* s = flat.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(flat.device().is_cpu() ? pool_.take(s->allocator(), nbytes) : s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
 
 void ShardedStrategy::free_params(Unit& u) {
   if (u.gathering) finish_gather(u);  // a prefetch nobody used: complete it, then free
@@ -460,7 +479,7 @@ void ShardedStrategy::launch(Unit& u) {
   if (u.params.empty() || !u.grads_live) return;
   if (world_ > 1) u.flat_grad.div_(world_);  // average as DDP does: divide, then sum
   if (options_.stage >= 2) {
-    u.reduced = torch::empty({u.shard}, u.flat_grad.options());
+    u.reduced = pooled_empty(u.shard, u.flat_grad.options());
     count_peaks();
     DLTensor in = sdk::dl_view(u.flat_grad), out = sdk::dl_view(u.reduced);
     collective(host()->reduce_scatter(host(), &in, &out, HASTEN_REDUCE_SUM, nullptr, &u.reduce_work),
@@ -476,6 +495,7 @@ void ShardedStrategy::finish_reduction(Unit& u) {
   if (options_.stage >= 2 && u.reduced.defined()) {
     torch::NoGradGuard no_grad;
     u.shard_grad.add_(u.reduced.to(u.shard_grad.device(), u.shard_grad.scalar_type()));
+    storage_free(u.reduced);
     u.reduced = torch::Tensor();
     free_grads(u);
   }
@@ -565,7 +585,9 @@ void ShardedStrategy::after_optimizer_step(torch::optim::Optimizer&) {
 
 // Stages 1 and 2: the parameters stay allocated; the updated shards are gathered into them.
 void ShardedStrategy::begin_gather_into_live(Unit& u) {
-  u.staging = u.master.to(u.flat.device(), u.flat.scalar_type(), false, true);
+  // The master shard itself when it has the parameters' device and dtype (no copy: the gather
+  // only reads it, into another buffer).
+  u.staging = u.master.to(u.flat.device(), u.flat.scalar_type());
   DLTensor in = sdk::dl_view(u.staging), out = sdk::dl_view(u.flat);
   collective(host()->allgather(host(), &in, &out, nullptr, &u.gather_work), "parameter allgather");
 }
@@ -612,7 +634,7 @@ void ShardedStrategy::memory_report(hasten_memory_report& out) {
     for (auto& u : m->units) {
       if (u.params.empty()) continue;
       if (u.params_live) params += bytes_of(u.flat);
-      if (u.staging.defined()) shards += bytes_of(u.staging);
+      if (u.staging.defined() && !u.staging.is_same(u.master)) shards += bytes_of(u.staging);
       shards += bytes_of(u.master);
       if (u.grads_live) grads += bytes_of(u.flat_grad);
       if (options_.stage >= 2) grads += bytes_of(u.shard_grad);  // stage 1's is a view of flat_grad

@@ -21,6 +21,8 @@
 
 #include <hasten/plugin.hpp>
 
+#include "buffer_pool.hpp"
+
 #include <atomic>
 #include <map>
 #include <memory>
@@ -119,9 +121,13 @@ class ShardedStrategy final : public sdk::Strategy {
 
   Model& find(torch::nn::Module& module);
   void build_units(Model& m, const hasten_model_info& info);
+  void materialize_unit(Model& m, uint32_t unit);
   void broadcast_from_rank0(torch::nn::Module& module);
 
   // Memory of a unit's flat buffers.
+  void storage_free(const torch::Tensor& flat);
+  void storage_alloc(const torch::Tensor& flat, size_t nbytes);
+  torch::Tensor pooled_empty(int64_t n, const torch::TensorOptions& options);
   void free_params(Unit& u);
   void begin_gather(Unit& u);
   void finish_gather(Unit& u);
@@ -158,6 +164,7 @@ class ShardedStrategy final : public sdk::Strategy {
   // (optimizer, model, unit, parameter index) -> the view the optimizer steps (stages >= 1).
   std::map<std::tuple<const torch::optim::Optimizer*, const Model*, uint32_t, size_t>, torch::Tensor> view_of_;
   hasten_memory_report peak_{};
+  BufferPool pool_;  // freed unit buffers, reused by the next gather or backward (CPU)
 };
 
 }  // namespace hasten::sharded

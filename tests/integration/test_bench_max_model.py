@@ -1,0 +1,70 @@
+"""hasten-bench --max-model under a small budget: for ddp2 and zero3 (and the PyTorch peer) the
+search reports a model that fits, every trial that fitted is smaller than every trial that did
+not (the search is consistent with a monotone memory), parameter counts grow with the size,
+every fitting trial's summed peak stays within the budget, and zero3 fits a model at least as
+large as ddp2's. Bad budgets and sides are one clear line."""
+import json
+import os
+
+import harness as h
+
+BENCH = os.path.join(h.BIN, "hasten-bench")
+PEER = os.path.join(h.PEER_DIR, "torch_peer.py")
+
+
+def search(*args):
+    p = h.run([BENCH, "--max-model", *args], timeout=580, check=True)
+    records = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+    return ([r for r in records if r["bench"] == "max_model_trial"],
+            {r["side"]: r for r in records if r["bench"] == "max_model"}, p.stdout)
+
+
+# The budget: what two processes of the smallest model take on this machine (the runtime:
+# libraries, allocator), plus 100 MiB for the models, so that a few sizes fit and some do not.
+first, _, _ = search("--budget-mib", "4096", "--sides", "ddp2", "--max-size", "1")
+BUDGET_MIB = round(first[0]["peak_rss_mib_sum"] + 100)
+trials, results, out = search("--budget-mib", str(BUDGET_MIB), "--sides", "ddp2", "zero3", "--max-size", "24")
+# The PyTorch side at size 1 only (a Python process with torch is slow to start, and larger):
+# its parameter count must be hasten's.
+peer_trials, peer_results, peer_out = search("--budget-mib", "4096", "--sides", "torch-ddp2", "--max-size", "1",
+                                             "--peer", PEER)
+trials += peer_trials
+results.update(peer_results)
+if sorted(results) != ["ddp2", "torch-ddp2", "zero3"]:
+    h.fail(f"expected a result for ddp2, zero3 and torch-ddp2, got {sorted(results)}\n{out}\n{peer_out}")
+for side, result in results.items():
+    mine = [t for t in trials if t["side"] == side]
+    fit = [t["size"] for t in mine if t["fits"]]
+    miss = [t["size"] for t in mine if not t["fits"]]
+    print(f"{side}: fits {sorted(fit)}, does not fit {sorted(miss)}; answer size {result['size']}, "
+          f"{result['params']} parameters, {result['peak_rss_mib_sum']:.0f} MiB")
+    if result["size"] < 1 or result["params"] <= 0:
+        h.fail(f"{side}: no model fits in {result['budget_mib']} MiB: {result}")
+    if not fit or max(fit) != result["size"]:
+        h.fail(f"{side}: the answer {result['size']} is not the largest size that fitted ({max(fit)})")
+    if miss and max(fit) >= min(miss):
+        h.fail(f"{side}: size {max(fit)} fitted but the smaller {min(miss)} did not: not monotone")
+    if not miss and result["size"] != (1 if side == "torch-ddp2" else 24):
+        h.fail(f"{side}: no size failed, yet the search stopped at {result['size']} below --max-size")
+    for t in mine:
+        if t["fits"] and not (0 < t["peak_rss_mib_sum"] <= t["budget_mib"]):
+            h.fail(f"{side}: size {t['size']} fitted with a summed peak of {t['peak_rss_mib_sum']} MiB")
+        if t["killed"] and t["fits"]:
+            h.fail(f"{side}: size {t['size']} was killed over the budget yet fits")
+    sized = sorted((t["size"], t["params"]) for t in mine if t["params"] > 0)
+    if any(a[1] >= b[1] for a, b in zip(sized, sized[1:])):
+        h.fail(f"{side}: parameter counts do not grow with the size: {sized}")
+if results["zero3"]["params"] < results["ddp2"]["params"]:
+    h.fail(f"zero3 fits fewer parameters ({results['zero3']['params']}) than ddp2 ({results['ddp2']['params']})")
+# The same shape gives the same parameter count in hasten and in the PyTorch peer.
+by_size = {}
+for t in trials:
+    if t["params"] > 0:
+        by_size.setdefault(t["size"], set()).add(t["params"])
+for size, counts in by_size.items():
+    if len(counts) != 1:
+        h.fail(f"size {size}: the sides count different parameters: {counts}")
+
+h.check_clean_failure(h.run([BENCH, "--max-model", "--budget-mib", "1"]), "--budget-mib 1", "--budget-mib")
+h.check_clean_failure(h.run([BENCH, "--max-model", "--sides", "ddp3"]), "--sides ddp3", "--sides")
+print("bench_max_model: OK")
