@@ -174,13 +174,13 @@ void object_checks() {
     for (int k = 0; k < n; ++k)
       require(gathered.at(k) == Sample{"from " + std::to_string(k), {float(k), 0.5f}}, "user type of rank k");
     // tensors as values (test_split_between_processes_tensor gathers lists of rows)
-    std::vector<torch::Tensor> rows{torch::full({2}, r, torch::kLong), torch::tensor({1.5, double(r)})};
+    std::vector<torch::Tensor> rows{torch::full({2}, r, torch::kLong), torch::tensor({1.5, double(r)}, torch::kDouble)};
     auto got = acc.gather_object(rows);
     require(static_cast<int>(got.size()) == 2 * n, "two tensors per rank");
     for (int k = 0; k < n; ++k) {
       require(got[2 * k].dtype() == torch::kLong && torch::equal(got[2 * k], torch::full({2}, k, torch::kLong)),
               "rank k's long tensor");
-      require(got[2 * k + 1].dtype() == torch::kDouble && torch::equal(got[2 * k + 1], torch::tensor({1.5, double(k)})),
+      require(got[2 * k + 1].dtype() == torch::kDouble && torch::equal(got[2 * k + 1], torch::tensor({1.5, double(k)}, torch::kDouble)),
               "rank k's double tensor");
     }
   }
@@ -514,7 +514,7 @@ TEST(NestedCollectives, DebugModeRefusesStructuresThatDifferAcrossRanks) {
         Accelerator acc;
         const bool first = acc.process_index() == 0;
         std::map<std::string, torch::Tensor> data{
-            {"tensor", first ? torch::tensor({{0.0, 1, 2, 3, 4}}) : torch::tensor({{{0.0, 1, 2, 3, 4}, {5, 6, 7, 8, 9}}})}};
+            {"tensor", first ? torch::arange(5, torch::kFloat).view({1, 5}) : torch::arange(10, torch::kFloat).view({1, 2, 5})}};
         for (int which = 0; which < 2; ++which) {
           try {
             if (which == 0) acc.reduce(data);
@@ -532,6 +532,7 @@ TEST(SplitBetweenProcesses, AccelerateChecksTwoRanks) { hasten::launch(split_che
 TEST(SplitBetweenProcesses, AccelerateChecksThreeRanks) { hasten::launch(split_checks, with_ranks(3)); }
 
 TEST(SynchronizeRngStates, EveryRankTakesRankZerosStateTwoRanks) { hasten::launch(rng_checks, with_ranks(2)); }
+TEST(SynchronizeRngStates, EveryRankTakesRankZerosStateThreeRanks) { hasten::launch(rng_checks, with_ranks(3)); }
 
 TEST(ProcessExecution, MainFirstAndOnProcessHelpersTwoRanks) {
   hasten::test::TempDir dir;
