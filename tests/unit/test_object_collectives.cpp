@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <map>
@@ -248,6 +249,28 @@ void nested_checks() {
       require(to_vector(std::get<0>(out)) == to_vector(torch::arange(9)), "gather_for_metrics: targets " +
                                                                              str(to_vector(std::get<0>(out))));
       require(to_vector(std::get<1>(out)[0].squeeze(1)) == to_vector(torch::arange(9) * 2), "gather_for_metrics: inputs");
+      // values that are not tensors: gathered as objects, the same padding sample dropped
+      std::vector<std::string> names;
+      for (int64_t v : to_vector(batch.target)) names.push_back("s" + std::to_string(v));
+      auto all_names = acc.gather_for_metrics(names);
+      std::vector<std::string> want_names;
+      for (int i = 0; i < 9; ++i) want_names.push_back("s" + std::to_string(i));
+      require(all_names == want_names, "gather_for_metrics on strings: " + std::to_string(all_names.size()) + " values");
+    }
+    // after the loop, the epoch's values concatenated: each sample once
+    std::vector<int> epoch;
+    for (auto& batch : loader)
+      for (int64_t v : to_vector(batch.target)) epoch.push_back(static_cast<int>(v));
+    auto everything = acc.gather_for_metrics(epoch);
+    std::sort(everything.begin(), everything.end());
+    require(everything == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8}, "gather_for_metrics after the epoch: " +
+                                                                          std::to_string(everything.size()) + " values");
+    std::vector<int> uneven(static_cast<size_t>(r + 1));
+    try {
+      acc.gather_for_metrics(uneven);
+      require(false, "lists of different lengths must be refused");
+    } catch (const hasten::UsageError& e) {
+      require(std::string(e.what()).find("rank 0 has 1, rank 1 has 2") != std::string::npos, e.what());
     }
   }
 }

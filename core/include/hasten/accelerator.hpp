@@ -281,9 +281,14 @@ class Accelerator {
   T gather(const T& data) {
     return on_tensors(data, [this](const torch::Tensor& t) { return engine_->gather(t); });
   }
+  // A std::vector of values that are not tensors (one per sample: strings, numbers...) is
+  // gathered as objects, less the same padding samples (Accelerate's gather_object path).
   template <class T, std::enable_if_t<detail::is_nested_v<T>, int> = 0>
   T gather_for_metrics(const T& data) {
-    return on_tensors(data, [this](const torch::Tensor& t) { return engine_->gather_for_metrics(t); });
+    if constexpr (detail::is_std_vector<T>::value && !detail::has_tensor_leaves_v<T>)
+      return detail::gather_objects_for_metrics(*engine_, data);
+    else
+      return on_tensors(data, [this](const torch::Tensor& t) { return engine_->gather_for_metrics(t); });
   }
   template <class T, std::enable_if_t<detail::is_nested_v<T>, int> = 0>
   T reduce(const T& data, const std::string& op = "sum") {

@@ -52,6 +52,32 @@ auto gather_object(Engine& engine, const T& object) {
   }
 }
 
+// gather_for_metrics on a list of per-sample values that are not tensors (Accelerate gathers
+// them with gather_object): every rank's list gathered, less the samples that pad the loader's
+// last round. Which survive is decided by the tensor gather_for_metrics on each element's
+// (rank, index), so objects and tensors drop exactly the same samples.
+template <class T, class A>
+std::vector<T, A> gather_objects_for_metrics(Engine& engine, const std::vector<T, A>& objects) {
+  const std::vector<std::string> parts = gather_bytes(engine, to_bytes(objects));
+  std::vector<std::vector<T, A>> lists;
+  for (const auto& part : parts) lists.push_back(from_bytes<std::vector<T, A>>(part));
+  for (size_t r = 1; r < lists.size(); ++r)
+    if (lists[r].size() != lists[0].size())
+      throw UsageError("gather_for_metrics: every rank must pass one value per sample of its batch (rank 0 has " +
+                       std::to_string(lists[0].size()) + ", rank " + std::to_string(r) + " has " +
+                       std::to_string(lists[r].size()) + ")");
+  const auto n = static_cast<int64_t>(objects.size());
+  const torch::Tensor ids = torch::stack(
+      {torch::full({n}, static_cast<int64_t>(engine.process().rank), torch::kLong), torch::arange(n, torch::kLong)}, 1);
+  const torch::Tensor kept = engine.gather_for_metrics(ids).contiguous();
+  const int64_t* id = kept.data_ptr<int64_t>();
+  std::vector<T, A> out;
+  out.reserve(static_cast<size_t>(kept.size(0)));
+  for (int64_t i = 0; i < kept.size(0); ++i)
+    out.push_back(std::move(lists[static_cast<size_t>(id[2 * i])][static_cast<size_t>(id[2 * i + 1])]));
+  return out;
+}
+
 // The source rank's list replaces the list on every rank (its length included).
 template <class T, class A>
 std::vector<T, A>& broadcast_object_list(Engine& engine, std::vector<T, A>& list, int from_process) {
