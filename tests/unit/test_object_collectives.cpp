@@ -547,6 +547,9 @@ TEST(NestedCollectives, DebugModeRefusesStructuresThatDifferAcrossRanks) {
             require(std::string(e.what()).find("ranks disagree") != std::string::npos, e.what());
           }
         }
+        // Rank 0 hosts the store the debug checks read: it stays until rank 1 has read it
+        // (a rank leaving early is issue 15's rendezvous race, not this check).
+        acc.wait_for_everyone();
       },
       with_ranks(2, {{"HASTEN_DEBUG", "1"}}));
 }
