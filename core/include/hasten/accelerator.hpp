@@ -24,11 +24,13 @@
 #include <hasten/detail/prepare_traits.hpp>
 #include <hasten/error.hpp>
 #include <hasten/logging.hpp>
+#include <hasten/object_collectives.hpp>
 #include <hasten/prepared_data_loader.hpp>
 #include <hasten/prepared_model.hpp>
 #include <hasten/prepared_optimizer.hpp>
 #include <hasten/prepared_scheduler.hpp>
 #include <hasten/process.hpp>
+#include <hasten/run_on.hpp>
 #include <hasten/safetensors.hpp>
 #include <hasten/schedulers.hpp>
 #include <hasten/scopes.hpp>
@@ -309,6 +311,97 @@ class Accelerator {
   void set_trigger() { engine_->set_trigger(); }
   bool check_trigger() { return engine_->check_trigger(); }
 
+  // --- Accelerate's object collectives, nested collectives, splits, RNG sync and run-on
+  // helpers (hasten/object_collectives.hpp, nested.hpp, run_on.hpp) ---
+  // Every rank's object: a std::vector gives every rank's elements concatenated in rank order
+  // (Accelerate's gather_object on a list); any other value gives a vector of every rank's
+  // object. Values are anything hasten::Serializer writes (hasten/serialization.hpp: numbers,
+  // strings, tensors, vectors, maps, tuples..., and your own types by specialising it).
+  template <class T>
+  auto gather_object(const T& object) {
+    return detail::gather_object(*engine_, object);
+  }
+  // Replaces `list` on every rank with from_process's list (its length too); returns it.
+  template <class T, class A>
+  std::vector<T, A>& broadcast_object_list(std::vector<T, A>& list, int from_process = 0) {
+    return detail::broadcast_object_list(*engine_, list, from_process);
+  }
+  // gather, gather_for_metrics, reduce, broadcast and pad_across_processes on a nested
+  // structure of tensors (vectors, arrays, pairs, tuples, maps, unordered maps, in any depth):
+  // the same structure back, the collective applied to each tensor (Accelerate's
+  // recursively_apply). Maps are visited by key, so every rank must pass the same keys.
+  template <class T, std::enable_if_t<detail::is_nested_v<T>, int> = 0>
+  T gather(const T& data) {
+    return on_tensors(data, [this](const torch::Tensor& t) { return engine_->gather(t); });
+  }
+  // A std::vector of values that are not tensors (one per sample: strings, numbers...) is
+  // gathered as objects, less the same padding samples (Accelerate's gather_object path).
+  template <class T, std::enable_if_t<detail::is_nested_v<T>, int> = 0>
+  T gather_for_metrics(const T& data) {
+    if constexpr (detail::is_std_vector<T>::value && !detail::has_tensor_leaves_v<T>)
+      return detail::gather_objects_for_metrics(*engine_, data);
+    else
+      return on_tensors(data, [this](const torch::Tensor& t) { return engine_->gather_for_metrics(t); });
+  }
+  template <class T, std::enable_if_t<detail::is_nested_v<T>, int> = 0>
+  T reduce(const T& data, const std::string& op = "sum") {
+    return on_tensors(data, [this, &op](const torch::Tensor& t) { return engine_->reduce(t, op); });
+  }
+  template <class T, std::enable_if_t<detail::is_nested_v<T>, int> = 0>
+  T broadcast(const T& data, int from_process = 0) {
+    return on_tensors(data, [this, from_process](const torch::Tensor& t) { return engine_->broadcast(t, from_process); });
+  }
+  template <class T, std::enable_if_t<detail::is_nested_v<T>, int> = 0>
+  T pad_across_processes(const T& data, int64_t dim = 0, double pad_index = 0, bool pad_first = false) {
+    return on_tensors(data, [this, dim, pad_index, pad_first](const torch::Tensor& t) {
+      return engine_->pad_across_processes(t, dim, pad_index, pad_first);
+    });
+  }
+  // split_between_processes on a tensor: this process's rows along dim 0 (a view), with
+  // Accelerate's arithmetic; with apply_padding every share has the same number of rows (the
+  // input's last row repeats). On a map (std::map or std::unordered_map) of tensors, vectors
+  // or such maps: every value split the same way; all must have the same length.
+  torch::Tensor split_between_processes(const torch::Tensor& tensor, bool apply_padding = false) const {
+    const auto range = detail::split_range(detail::split_length(tensor), num_processes(), process_index());
+    return detail::split_take(tensor, range, apply_padding);
+  }
+  template <class Map, std::enable_if_t<detail::is_splittable_map<Map>::value, int> = 0>
+  Map split_between_processes(const Map& values, bool apply_padding = false) const {
+    static_assert(detail::split_values_ok<Map>::value,
+                  "split_between_processes: a map's values must be tensors, std::vectors or maps of them");
+    const auto range = detail::split_range(detail::split_length_of_map(values), num_processes(), process_index());
+    return detail::split_take(values, range, apply_padding);
+  }
+  // Sets every rank's generators to rank 0's (Accelerate's synchronize_rng_states): "torch"
+  // (LibTorch's default CPU generator), "cuda" (the default generator of this process's CUDA
+  // device), "generator" (`generator`). Collective.
+  void synchronize_rng_states(const std::vector<std::string>& rng_types, torch::Generator generator = {});
+  // Wrap fn so that calling it runs fn only on that process (hasten/run_on.hpp): void stays
+  // void, a result R comes back as std::optional<R>, empty elsewhere.
+  template <class F>
+  RunOn<std::decay_t<F>> on_main_process(F&& fn) const {
+    return {std::forward<F>(fn), is_main_process()};
+  }
+  template <class F>
+  RunOn<std::decay_t<F>> on_local_main_process(F&& fn) const {
+    return {std::forward<F>(fn), is_local_main_process()};
+  }
+  template <class F>
+  RunOn<std::decay_t<F>> on_last_process(F&& fn) const {
+    return {std::forward<F>(fn), is_last_process()};
+  }
+  template <class F>
+  RunOn<std::decay_t<F>> on_process(F&& fn, int process_index) const {
+    check_process_index("on_process", process_index, num_processes());
+    return {std::forward<F>(fn), process_index == this->process_index()};
+  }
+  template <class F>
+  RunOn<std::decay_t<F>> on_local_process(F&& fn, int local_process_index) const {
+    check_process_index("on_local_process", local_process_index, process().local_world_size);
+    return {std::forward<F>(fn), local_process_index == this->local_process_index()};
+  }
+  // --- end of that block ---
+
   // Checkpoints (docs/checkpoints.md); every rank calls them. save_state writes the prepared
   // models (safetensors), optimizers, schedulers, data loader positions, the accumulation
   // state, each rank's RNG and the registered objects into `output_dir` atomically, or, with
@@ -365,6 +458,19 @@ class Accelerator {
   void end_training() { engine_->end_training(); }
 
  private:
+  template <class T, class F>
+  static T on_tensors(const T& data, F fn) {
+    static_assert(detail::has_tensor_leaves_v<T>,
+                  "gather/gather_for_metrics/reduce/broadcast/pad_across_processes on a structure: every leaf "
+                  "must be a torch::Tensor (use gather_object/broadcast_object_list for other values)");
+    return detail::apply_to_tensors(data, fn);
+  }
+  static void check_process_index(const char* what, int index, int count) {
+    if (index < 0 || index >= count)
+      throw UsageError(std::string(what) + ": process index " + std::to_string(index) + " is out of range [0, " +
+                       std::to_string(count) + ")");
+  }
+
   // One static_assert per argument, chosen so that a LibTorch loader or a bare dataset gets
   // the message that says what to do instead.
   template <class T>
