@@ -539,6 +539,10 @@ TEST(DistributedDataLoop, SamplersAndBatchSamplersCoverTheDatasetOnce) {
         const auto order = sampler->indices(1);
         require(got[0] == std::vector<int64_t>(order.begin() + 4 * rank, order.begin() + 4 * rank + 4),
                 "the first batch is the rank-th of the sampler's");
+        const std::vector<int64_t> last =
+            rank == 0 ? std::vector<int64_t>(order.begin() + 16, order.begin() + 20)
+                      : std::vector<int64_t>{order[20], order[21], order[0], order[1]};  // completed from the start
+        require(got[2] == last, "rank " + std::to_string(rank) + "'s last batch: " + str(got));
         // A whole epoch's outputs, gathered after the loop: the padding is dropped once.
         std::vector<torch::Tensor> outs;
         for (auto& batch : d) outs.push_back(batch.indices);
