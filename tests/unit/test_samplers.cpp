@@ -618,13 +618,19 @@ TEST(DistributedDataLoop, StreamDatasetsAreShardedLikeIterableDatasetShard) {
               const std::string what = "n=" + std::to_string(n) + (split ? " split" : "") + (drop_last ? " drop_last" : "");
               hasten::DataLoader data(Counting{.n = n}, {.batch_size = 4, .drop_last = drop_last});
               auto loader = acc.prepare(data);
-              std::vector<int64_t> mine;
+              std::vector<int64_t> mine, metrics;
               int64_t padding = 0;
               for (auto& b : loader) {
                 for (auto i : to_vector(b.indices)) mine.push_back(i);
+                for (auto i : to_vector(acc.gather_for_metrics(b.indices))) metrics.push_back(i);
                 padding += b.num_padding;
                 require(torch::equal(b.input, b.indices * 10), what + ": the samples of the indices");
               }
+              // gather_for_metrics drops the completing samples: each sample read once.
+              std::sort(metrics.begin(), metrics.end());
+              const int64_t kept = drop_last ? n / (split ? 4 : 8) * (split ? 4 : 8) : n;
+              require(metrics == hasten::SequentialSampler(kept).indices(0),
+                      what + ": gather_for_metrics " + c10::str(torch::tensor(metrics)));
               const int64_t shard = split ? 2 : 4;
               require(mine.size() % static_cast<size_t>(shard) == 0, what + ": whole batches");
               auto ranks = per_rank(acc, mine);
