@@ -582,6 +582,7 @@ TEST(DistributedDataLoop, BatchSamplersUnderSplitAndUnevenBatches) {
                                      : Lists{{2, 3}, {6, 7}, {10, 11}, {14, 15}, {18, 19}, {1, 2}};
           require(got == expected, "split: " + str(got));
           require(loader.size() == 6, "split: 6 batches");
+          acc.wait_for_everyone();  // no rank leaves before all have joined (issue 15, item 2)
         }
       },
       with_ranks(2));
@@ -599,6 +600,7 @@ TEST(DistributedDataLoop, BatchSamplersUnderSplitAndUnevenBatches) {
             acc.process_index() == 0 ? Lists{{0, 1, 2}, {5, 6, 7, 8}, {12, 13}} : Lists{{3, 4}, {9, 10, 11}};
         require(got == expected, "uneven, varying sizes: " + str(got));
         require(loader.size() == expected.size(), "size() is this rank's number of batches");
+        acc.wait_for_everyone();
       },
       with_ranks(2));
 }
@@ -701,6 +703,7 @@ TEST(DistributedDataLoop, SkipFirstBatchesOnTwoRanks) {
         for (auto& b : hasten::skip_first_batches(loader, 2)) got.push_back(to_vector(b.indices));
         const Lists expected = acc.process_index() == 0 ? Lists{{8, 9}, {12, 13}} : Lists{{10, 11}, {14, 15}};
         require(got == expected, "rank " + std::to_string(acc.process_index()) + ": " + str(got));
+        acc.wait_for_everyone();
       },
       with_ranks(2));
 }
