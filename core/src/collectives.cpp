@@ -107,6 +107,18 @@ namespace {
 // Another shape (per-batch metrics, a partial epoch) comes back as gathered.
 torch::Tensor drop_epoch_padding(const torch::Tensor& gathered, const torch::Tensor& mine, const EpochPlan& plan) {
   if (!plan.pad || plan.num_batches == 0 || mine.dim() == 0) return gathered;
+  if (plan.batches) {
+    // A batch sampler's epoch: each rank's padding is at the end of its chunk (only its last
+    // batch, or its last batches, complete the round), and the plan knows every rank's.
+    const int64_t per_rank = plan.rank_samples.at(static_cast<size_t>(plan.rank));
+    for (auto n : plan.rank_samples)
+      if (n != per_rank) return gathered;  // chunks of different sizes: not one row per sample
+    if (mine.size(0) != per_rank || gathered.size(0) != per_rank * plan.world_size) return gathered;
+    std::vector<torch::Tensor> keep;
+    for (int64_t r = 0; r < plan.world_size; ++r)
+      keep.push_back(gathered.narrow(0, r * per_rank, per_rank - plan.rank_padding.at(static_cast<size_t>(r))));
+    return torch::cat(keep, 0);
+  }
   const int64_t per_rank = plan.num_batches * plan.batch_size;
   if (mine.size(0) != per_rank || gathered.size(0) != per_rank * plan.world_size) return gathered;
   std::vector<torch::Tensor> keep;

@@ -4,6 +4,9 @@
 
 #include <torch/torch.h>
 
+#include <limits>
+#include <string>
+
 namespace hasten {
 
 namespace {
@@ -123,15 +126,31 @@ struct Shape {
   bool pad = false;
 };
 
+// PyTorch's rules for sampler and batch_sampler, in one line each.
+void check_samplers(const DataLoaderOptions& o) {
+  if (o.batch_sampler && (o.batch_size != 1 || o.shuffle || o.sampler || o.drop_last))
+    throw UsageError("DataLoader: batch_sampler decides the batches; leave batch_size (1), shuffle, sampler and "
+                     "drop_last unset (as PyTorch's DataLoader requires)");
+  if (o.sampler && o.shuffle)
+    throw UsageError("DataLoader: sampler and shuffle exclude each other; for a shuffled order use "
+                     "hasten::RandomSampler(n, seed)");
+}
+
+// The positions one epoch has: the sampler's indices, or the dataset.
+int64_t epoch_length(const ShardSpec& spec) {
+  return spec.options.sampler ? spec.options.sampler->size() : spec.dataset_size;
+}
+
 Shape shape_of(const ShardSpec& spec) {
   const auto& o = spec.options;
+  check_samplers(o);
   if (o.batch_size < 1)
     throw Error("DataLoader: batch_size must be >= 1, got " + std::to_string(o.batch_size));
   if (spec.world_size < 1 || spec.rank < 0 || spec.rank >= spec.world_size)
     throw Error("DataLoader: rank " + std::to_string(spec.rank) + " outside world of " +
                 std::to_string(spec.world_size));
   Shape s;
-  const int64_t n = spec.dataset_size, w = spec.world_size;
+  const int64_t n = epoch_length(spec), w = spec.world_size;
   if (spec.split_batches) {
     if (o.batch_size % w != 0)
       throw Error("DataLoader: split_batches needs a batch_size divisible by the " +
@@ -159,17 +178,98 @@ Shape shape_of(const ShardSpec& spec) {
 
 }  // namespace
 
-int64_t count_batches(const ShardSpec& spec) { return shape_of(spec).batches; }
+namespace {
+
+void check_index(int64_t i, const ShardSpec& spec, const char* source) {
+  if (i < 0 || i >= spec.dataset_size)
+    throw Error(std::string("DataLoader: the ") + source + " gave index " + std::to_string(i) + " for a dataset of " +
+                std::to_string(spec.dataset_size) + " samples (allowed: 0 to " + std::to_string(spec.dataset_size - 1) +
+                ")");
+}
+
+// A batch sampler's epoch: its batches dealt to the ranks (Accelerate's BatchSamplerShard).
+EpochPlan batch_sampler_plan(const ShardSpec& spec, int64_t epoch) {
+  check_samplers(spec.options);
+  const BatchSampler& sampler = *spec.options.batch_sampler;
+  const auto all = sampler.batches(epoch);
+  for (const auto& b : all)
+    for (auto i : b) check_index(i, spec, "batch sampler");
+  const auto size = sampler.batch_size();
+  EpochPlan plan;
+  plan.world_size = spec.world_size;
+  plan.rank = spec.rank;
+  plan.batch_size = size.value_or(0);
+  plan.pad = spec.world_size > 1 && spec.even_batches && !sampler.drop_last();
+  for (int64_t r = 0; r < spec.world_size; ++r) {
+    auto shard = shard_batches(all, size, sampler.drop_last(), spec.world_size, r, spec.split_batches,
+                               spec.even_batches);
+    int64_t padding = 0, samples = 0;
+    for (const auto& b : shard) padding += b.num_padding, samples += static_cast<int64_t>(b.indices.size());
+    plan.rank_padding.push_back(padding);
+    plan.rank_samples.push_back(samples);
+    if (r == spec.rank) {
+      plan.num_batches = static_cast<int64_t>(shard.size());
+      plan.batches = std::make_shared<const std::vector<ShardedBatch>>(std::move(shard));
+    }
+  }
+  return plan;
+}
+
+}  // namespace
+
+int64_t count_batches(const ShardSpec& spec) {
+  if (spec.options.batch_sampler) return batch_sampler_plan(spec, 0).num_batches;
+  return shape_of(spec).batches;
+}
+
+EpochPlan make_stream_plan(const ShardSpec& spec, int64_t epoch) {
+  const auto& o = spec.options;
+  if (o.shuffle || o.sampler || o.batch_sampler)
+    throw UsageError("DataLoader: a stream dataset is read in its own order; shuffle, sampler and batch_sampler "
+                     "need a map-style dataset (size() and get_batch or get)");
+  if (o.batch_size < 1)
+    throw Error("DataLoader: batch_size must be >= 1, got " + std::to_string(o.batch_size));
+  if (spec.world_size < 1 || spec.rank < 0 || spec.rank >= spec.world_size)
+    throw Error("DataLoader: rank " + std::to_string(spec.rank) + " outside world of " +
+                std::to_string(spec.world_size));
+  if (spec.split_batches && o.batch_size % spec.world_size != 0)
+    throw Error("DataLoader: split_batches needs a batch_size divisible by the " + std::to_string(spec.world_size) +
+                " processes, got " + std::to_string(o.batch_size));
+  EpochPlan plan;
+  plan.dataset_size = -1;  // unknown: the stream ends when it ends
+  plan.batch_size = spec.split_batches ? o.batch_size / spec.world_size : o.batch_size;
+  plan.world_size = spec.world_size;
+  plan.rank = spec.rank;
+  plan.num_batches = std::numeric_limits<int64_t>::max();
+  plan.epoch = epoch;
+  return plan;
+}
 
 EpochPlan make_epoch_plan(const ShardSpec& spec, int64_t epoch) {
+  if (spec.options.batch_sampler) {
+    EpochPlan plan = batch_sampler_plan(spec, epoch);
+    plan.epoch = epoch;
+    return plan;
+  }
   const Shape s = shape_of(spec);
   EpochPlan plan;
-  plan.dataset_size = spec.dataset_size;
+  plan.epoch = epoch;
+  plan.dataset_size = epoch_length(spec);
   plan.batch_size = s.batch;
   plan.world_size = spec.world_size;
   plan.rank = spec.rank;
   plan.num_batches = s.batches;
   plan.pad = s.pad;
+  if (const auto& sampler = spec.options.sampler) {
+    // The sampler's order for this epoch, sharded as hasten's own order would be.
+    auto order = std::make_shared<std::vector<int64_t>>(sampler->indices(epoch));
+    if (static_cast<int64_t>(order->size()) != plan.dataset_size)
+      throw Error("DataLoader: the sampler gave " + std::to_string(order->size()) + " indices for epoch " +
+                  std::to_string(epoch) + " but its size() is " + std::to_string(plan.dataset_size));
+    for (auto i : *order) check_index(i, spec, "sampler");
+    plan.order = std::move(order);
+    return plan;
+  }
   auto order = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(spec.dataset_size));
   if (spec.options.shuffle) {
     // The same seed on every rank: one global order per epoch.
@@ -185,6 +285,11 @@ EpochPlan make_epoch_plan(const ShardSpec& spec, int64_t epoch) {
 
 std::vector<int64_t> EpochPlan::batch(int64_t b, int64_t* num_padding) const {
   if (b < 0 || b >= num_batches) throw Error("DataLoader: batch index out of range");
+  if (batches) {
+    const ShardedBatch& sb = (*batches)[static_cast<size_t>(b)];
+    if (num_padding != nullptr) *num_padding = sb.num_padding;
+    return sb.indices;
+  }
   const int64_t n = dataset_size;
   const int64_t start = (b * world_size + rank) * batch_size;
   int64_t stop = start + batch_size;

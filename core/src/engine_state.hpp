@@ -68,6 +68,7 @@ struct LoaderEntry {
   int64_t num_batches = 0;
   int64_t resume_batch = 0;  // after load_state: the first batch of the next epoch begun
   EpochPlan last_plan;       // the plan of the epoch begun last (gather_for_metrics after it)
+  bool stream = false;       // a stream dataset: no size, batches until the stream ends
 };
 
 struct SchedulerEntry {

@@ -1,6 +1,8 @@
 // Prepared data loaders as the engine tracks them: their shard specs, epochs, and which
 // loader is iterating at which batch (for end-of-data and gather_for_metrics).
+#include <algorithm>
 #include <iterator>
+#include <string>
 #include <utility>
 
 #include "engine_state.hpp"
@@ -21,14 +23,36 @@ size_t Engine::add_loader(int64_t dataset_size, const DataLoaderOptions& options
   return s.loaders.size() - 1;
 }
 
-EpochPlan Engine::loader_begin_epoch(size_t loader) {
+size_t Engine::add_stream_loader(const DataLoaderOptions& options) {
+  Impl& s = *impl_;
+  LoaderEntry e;
+  e.stream = true;
+  e.spec.dataset_size = -1;
+  e.spec.options = options;
+  e.spec.world_size = s.process.world_size;
+  e.spec.rank = s.process.rank;
+  e.spec.even_batches = options.even_batches.value_or(s.config.even_batches);
+  e.spec.split_batches = options.split_batches.value_or(s.config.split_batches);
+  e.num_batches = make_stream_plan(e.spec, 0).num_batches;  // validates the spec now, at prepare
+  s.loaders.push_back(e);
+  return s.loaders.size() - 1;
+}
+
+EpochPlan Engine::loader_begin_epoch(size_t loader) { return loader_begin_epoch(loader, 0); }
+
+EpochPlan Engine::loader_begin_epoch(size_t loader, int64_t skip) {
   Impl& s = *impl_;
   if (!s.resume_settled) resume();  // config resume: the loop starts here
   LoaderEntry& e = s.loaders.at(loader);
   ShardSpec spec = e.spec;
   if (s.join_even_batches) spec.even_batches = *s.join_even_batches;  // join_uneven_inputs's override
-  EpochPlan plan = make_epoch_plan(spec, e.epoch++);
+  EpochPlan plan = e.stream ? make_stream_plan(spec, e.epoch) : make_epoch_plan(spec, e.epoch);
+  ++e.epoch;
   plan.first_batch = std::exchange(e.resume_batch, 0);  // load_state resumes mid-epoch once
+  // skip_first_batches after a load_state that already resumed mid-epoch: the later of the
+  // two, so code ported from Accelerate (load_state, then skip the batches it counted) does
+  // not skip twice.
+  plan.first_batch = std::min(std::max(plan.first_batch, skip), plan.num_batches);
   e.last_plan = plan;
   s.active.push_back({loader, plan.first_batch - 1, plan.num_batches, 0});
   s.finished_loader.reset();
@@ -55,6 +79,29 @@ void Engine::loader_end(size_t loader) noexcept {
       return;
     }
   }
+}
+
+int64_t Engine::loader_epoch(size_t loader) const {
+  const Impl& s = *impl_;
+  const LoaderEntry& e = s.loaders.at(loader);
+  for (const auto& a : s.active)
+    if (a.id == loader) return e.epoch - 1;  // the epoch under way
+  return e.epoch;
+}
+
+void Engine::loader_set_epoch(size_t loader, int64_t epoch) {
+  Impl& s = *impl_;
+  if (epoch < 0) throw UsageError("set_epoch: the epoch must be >= 0, got " + std::to_string(epoch));
+  for (const auto& a : s.active)
+    if (a.id == loader)
+      throw UsageError("set_epoch: called while this loader is being iterated; call it before the loop "
+                       "(`loader.set_epoch(epoch); for (auto& batch : loader) ...`)");
+  if (!s.resume_settled) resume();  // config resume first, so that the two compose
+  LoaderEntry& e = s.loaders.at(loader);
+  // The epoch a checkpoint resumes keeps its position: a loop that calls set_epoch(epoch)
+  // before each epoch continues mid-epoch after load_state. Another epoch starts at batch 0.
+  if (epoch != e.epoch) e.resume_batch = 0;
+  e.epoch = epoch;
 }
 
 int64_t Engine::loader_num_batches(size_t loader) const {

@@ -529,9 +529,15 @@ class Accelerator {
       return {};  // refused by check_preparable or by DataLoader: no second error
     } else {
       using Dataset = typename D::dataset_type;
-      const size_t id = engine_->add_loader(static_cast<int64_t>(object.dataset_size()),
-                                            object.options());
-      return PreparedDataLoader<Dataset>(object.dataset_ptr(), engine_, id, engine_->device());
+      if constexpr (detail::is_stream_dataset_v<Dataset>) {
+        const size_t id = engine_->add_stream_loader(object.options());
+        return PreparedDataLoader<Dataset>(object.dataset_ptr(), engine_, id, engine_->device(),
+                                           object.options().drop_last);
+      } else {
+        const size_t id = engine_->add_loader(static_cast<int64_t>(object.dataset_size()),
+                                              object.options());
+        return PreparedDataLoader<Dataset>(object.dataset_ptr(), engine_, id, engine_->device());
+      }
     }
   }
 

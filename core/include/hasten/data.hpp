@@ -8,8 +8,12 @@
 // `struct MyData : torch::data::datasets::Dataset<MyData>`, and their .map(...) with
 // transforms such as Normalize<> and Stack<>. LibTorch's are fetched with
 // get_batch(ArrayRef<size_t>); a std::vector<Example<>> result is stacked, an Example<>
-// (after Stack<>) is used as it is. Stateful and stream datasets (ChunkDataset,
-// StreamDataset) are refused at compile time: they have no indices to shard.
+// (after Stack<>) is used as it is. LibTorch's stateful and stream datasets (ChunkDataset,
+// StreamDataset) are refused at compile time: they have no indices to shard. hasten's own
+// stream datasets (`std::optional<torch::data::Example<>> next()` and `void reset()`) are read
+// by every rank, each keeping its slice of every round (Accelerate's IterableDatasetShard).
+// DataLoaderOptions::sampler and ::batch_sampler (samplers.hpp) replace the order or the
+// batches of map-style datasets.
 // TensorDataset wraps two tensors and slices batches without copying when the indices are
 // consecutive.
 //
@@ -33,6 +37,7 @@
 #pragma once
 
 #include <hasten/error.hpp>
+#include <hasten/samplers.hpp>
 
 #include <torch/data/dataloader/base.h>
 #include <torch/data/example.h>
@@ -43,9 +48,11 @@
 #include <cstdint>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -87,6 +94,12 @@ struct DataLoaderOptions {
   // Unset: the Accelerator's (config keys even_batches, split_batches); set: this loader's own.
   std::optional<bool> even_batches = std::nullopt;
   std::optional<bool> split_batches = std::nullopt;
+  // A user sampler instead of shuffle/seed: the order of each epoch (samplers.hpp); batched
+  // by batch_size and sharded like hasten's own order. Not with shuffle.
+  std::shared_ptr<const Sampler> sampler = nullptr;
+  // A user batch sampler: the batches of each epoch, dealt to the ranks like Accelerate's
+  // BatchSamplerShard. Not with batch_size, shuffle, sampler or drop_last (it decides them).
+  std::shared_ptr<const BatchSampler> batch_sampler = nullptr;
 };
 
 // Two tensors whose first dimensions index samples.
@@ -108,14 +121,19 @@ namespace detail {
 // The batches of one epoch for one rank: which positions of the epoch's global order each
 // batch holds. Positions at or past the dataset size wrap around (padding).
 struct EpochPlan {
-  std::shared_ptr<const std::vector<int64_t>> order;  // permutation of [0, N)
-  int64_t dataset_size = 0;
+  std::shared_ptr<const std::vector<int64_t>> order;  // dataset indices in the epoch's order
+  int64_t dataset_size = 0;  // positions in `order` (the dataset's size, or the sampler's)
   int64_t batch_size = 0;  // per rank
   int64_t world_size = 1;
   int64_t rank = 0;
   int64_t num_batches = 0;  // this rank's
   bool pad = false;         // complete short rounds by wrapping around
   int64_t first_batch = 0;  // where iteration starts (after load_state: mid-epoch)
+  // A batch sampler's epoch: this rank's batches as they are (instead of positions of
+  // `order`), and every rank's padding and samples in all (gather_for_metrics after it).
+  std::shared_ptr<const std::vector<ShardedBatch>> batches;
+  std::vector<int64_t> rank_padding, rank_samples;
+  int64_t epoch = 0;  // the epoch planned (a stream dataset's set_epoch)
 
   // The dataset indices of batch b and how many of them (at the end) are padding.
   std::vector<int64_t> batch(int64_t b, int64_t* num_padding) const;
@@ -186,9 +204,29 @@ constexpr bool is_torch_loader_v = is_torch_loader<std::decay_t<T>>::value;
 template <class T>
 constexpr bool is_hasten_dataset_v =
     !is_torch_dataset_v<T> && has_size<T>::value && (has_get_batch<T>::value || has_get<T>::value);
+
+// A stream (iterable) dataset: next() gives the next sample or none at the end, reset()
+// starts the stream over; set_epoch(int64_t), if it has one, is told each epoch first.
+template <class T, class = void>
+struct has_next : std::false_type {};
+template <class T>
+struct has_next<T, std::void_t<decltype(std::declval<T&>().next())>>
+    : std::is_convertible<decltype(std::declval<T&>().next()), std::optional<torch::data::Example<>>> {};
+template <class T, class = void>
+struct has_reset : std::false_type {};
+template <class T>
+struct has_reset<T, std::void_t<decltype(std::declval<T&>().reset())>> : std::true_type {};
+template <class T, class = void>
+struct has_set_epoch : std::false_type {};
+template <class T>
+struct has_set_epoch<T, std::void_t<decltype(std::declval<T&>().set_epoch(int64_t{}))>> : std::true_type {};
+template <class T>
+constexpr bool is_stream_dataset_v =
+    !is_torch_dataset_v<T> && !is_hasten_dataset_v<T> && has_next<T>::value && has_reset<T>::value;
+
 // What hasten::DataLoader can load (it refuses the rest with a static_assert).
 template <class T>
-constexpr bool is_loadable_v = is_torch_map_dataset<T>::value || is_hasten_dataset_v<T>;
+constexpr bool is_loadable_v = is_torch_map_dataset<T>::value || is_hasten_dataset_v<T> || is_stream_dataset_v<T>;
 
 // The batch a loader over Dataset yields: LibTorch's datasets keep LibTorch's names.
 template <class Dataset>
@@ -294,6 +332,144 @@ class BatchIterator {
   bool loaded_ = false;
 };
 
+// Walks one epoch of a stream dataset for one rank with Accelerate's IterableDatasetShard
+// semantics: the stream is read in rounds of batch_size x world samples (the global batch
+// with split_batches), rank r takes the r-th slice of each; the last, short round is dropped
+// with drop_last, else completed with the epoch's first samples (padding, counted in
+// num_padding). One process: plain batches, the last one short. Batch indices are the
+// samples' positions in the epoch's stream. It reads one round ahead, to tell the observer
+// which batch is the last.
+template <class Dataset>
+class StreamIterator {
+  struct Round {
+    std::vector<torch::data::Example<>> examples;  // this rank's slice
+    std::vector<int64_t> positions;
+    int64_t padding = 0;
+  };
+
+ public:
+  using value_type = Batch;
+  using reference = value_type&;
+  using difference_type = std::ptrdiff_t;
+  using iterator_category = std::input_iterator_tag;
+  using Observer = std::function<void(int64_t batch, int64_t num_batches, int64_t padding)>;
+  static constexpr int64_t kEnd = std::numeric_limits<int64_t>::max();
+
+  StreamIterator() = default;
+  explicit StreamIterator(int64_t pos) : pos_(pos) {}
+  StreamIterator(std::shared_ptr<Dataset> dataset, const EpochPlan& plan, bool drop_last,
+                 torch::Device device = torch::kCPU, Observer observer = {}, std::shared_ptr<void> session = {})
+      : dataset_(std::move(dataset)),
+        per_rank_(plan.batch_size),
+        world_(plan.world_size),
+        rank_(plan.rank),
+        drop_last_(drop_last),
+        device_(device),
+        observer_(std::move(observer)),
+        session_(std::move(session)) {
+    if constexpr (has_set_epoch<Dataset>::value) dataset_->set_epoch(plan.epoch);
+    dataset_->reset();
+    // Resumed or skipped batches: read past their rounds.
+    for (pos_ = 0; pos_ < plan.first_batch; ++pos_)
+      if (!read_round()) break;
+    current_ = read_round();
+    if (current_) ahead_ = read_round();
+    if (!current_) finish();
+  }
+
+  reference operator*() {
+    if (!loaded_) {
+      auto examples = current_->examples;
+      batch_ = collate(std::move(examples), current_->positions);
+      batch_.num_padding = current_->padding;
+      if (device_.type() != torch::kCPU) batch_ = batch_.to(device_);
+      if (observer_) observer_(pos_, ahead_ ? pos_ + 2 : pos_ + 1, current_->padding);
+      loaded_ = true;
+    }
+    return batch_;
+  }
+  value_type* operator->() { return &**this; }
+  StreamIterator& operator++() {
+    ++pos_;
+    loaded_ = false;
+    current_ = std::move(ahead_);
+    ahead_.reset();
+    if (current_)
+      ahead_ = read_round();
+    else
+      finish();
+    return *this;
+  }
+  bool operator!=(const StreamIterator& other) const { return pos_ != other.pos_; }
+  bool operator==(const StreamIterator& other) const { return pos_ == other.pos_; }
+
+ private:
+  void finish() {
+    pos_ = kEnd;
+    session_.reset();  // the epoch is over
+  }
+
+  // This rank's slice of the next round, or none when the epoch has no more batches.
+  std::optional<Round> read_round() {
+    if (ended_) return std::nullopt;
+    const bool split_world = world_ > 1;
+    const int64_t round = per_rank_ * world_;
+    std::vector<torch::data::Example<>> samples;
+    std::vector<int64_t> positions;
+    while (static_cast<int64_t>(samples.size()) < round) {
+      auto next = dataset_->next();
+      if (!next) break;
+      samples.push_back(std::move(*next));
+      positions.push_back(stream_pos_++);
+    }
+    const int64_t real = static_cast<int64_t>(samples.size());
+    if (real < round) ended_ = true;
+    if (real == 0 || (real < round && drop_last_)) return std::nullopt;
+    if (first_.empty()) first_ = samples, first_positions_ = positions;
+    Round out;
+    if (!split_world) {  // one process: the batch as read, short or not
+      out.examples = std::move(samples);
+      out.positions = std::move(positions);
+      return out;
+    }
+    for (int64_t p = rank_ * per_rank_; p < (rank_ + 1) * per_rank_; ++p) {
+      if (p < real) {
+        out.examples.push_back(samples[static_cast<size_t>(p)]);
+        out.positions.push_back(positions[static_cast<size_t>(p)]);
+      } else {  // completed with the epoch's first samples, repeated as needed
+        const size_t q = static_cast<size_t>(p - real) % first_.size();
+        out.examples.push_back(first_[q]);
+        out.positions.push_back(first_positions_[q]);
+        ++out.padding;
+      }
+    }
+    return out;
+  }
+
+  std::shared_ptr<Dataset> dataset_;
+  int64_t per_rank_ = 1, world_ = 1, rank_ = 0;
+  bool drop_last_ = false;
+  torch::Device device_{torch::kCPU};
+  Observer observer_;
+  std::shared_ptr<void> session_;
+  int64_t pos_ = kEnd;
+  int64_t stream_pos_ = 0;
+  bool ended_ = false;
+  std::optional<Round> current_, ahead_;
+  std::vector<torch::data::Example<>> first_;  // the epoch's first round (completes the last)
+  std::vector<int64_t> first_positions_;
+  value_type batch_;
+  bool loaded_ = false;
+};
+
+// The plan of a stream epoch: how many samples each rank takes per round (no order, no
+// number of batches: the stream decides). Throws hasten::Error on impossible specs.
+EpochPlan make_stream_plan(const ShardSpec& spec, int64_t epoch);
+
+template <class Dataset>
+using loader_iterator_t =
+    std::conditional_t<is_stream_dataset_v<Dataset>, StreamIterator<Dataset>, BatchIterator<Dataset>>;
+
 }  // namespace detail
 
 // A loader over a map-style dataset. Iterating it directly (without prepare) walks one
@@ -309,10 +485,11 @@ class DataLoader {
                 "size: torch::data::datasets::Dataset, MNIST, their .map()); a stateful or stream "
                 "dataset (ChunkDataset, StreamDataset) has no indices to shard across processes");
   static_assert(detail::is_torch_loader_v<Dataset> || detail::is_torch_dataset_v<Dataset> ||
-                    detail::is_hasten_dataset_v<Dataset>,
-                "hasten::DataLoader needs a dataset: a LibTorch map-style dataset, or a type with "
+                    detail::is_hasten_dataset_v<Dataset> || detail::is_stream_dataset_v<Dataset>,
+                "hasten::DataLoader needs a dataset: a LibTorch map-style dataset, a type with "
                 "size() and either `hasten::Batch get_batch(const std::vector<int64_t>&) const` or "
-                "`torch::data::Example<> get(size_t)`");
+                "`torch::data::Example<> get(size_t)`, or a stream with "
+                "`std::optional<torch::data::Example<>> next()` and `void reset()`");
 
  public:
   using dataset_type = Dataset;
@@ -325,21 +502,46 @@ class DataLoader {
   const Dataset& dataset() const { return *dataset_; }
   std::shared_ptr<Dataset> dataset_ptr() const { return dataset_; }
   const DataLoaderOptions& options() const { return options_; }
-  size_t dataset_size() const { return detail::dataset_size(*dataset_); }
+  // A stream dataset has no size: this and size() throw hasten::UsageError for one.
+  size_t dataset_size() const {
+    if constexpr (detail::is_stream_dataset_v<Dataset>)
+      throw UsageError("hasten::DataLoader: a stream dataset has no size (it ends when next() gives none)");
+    else
+      return detail::dataset_size(*dataset_);
+  }
+  static constexpr bool is_stream = detail::is_stream_dataset_v<Dataset>;
 
-  using iterator = detail::BatchIterator<Dataset>;
+  using iterator = detail::loader_iterator_t<Dataset>;
 
   // Each call to begin() starts the next epoch.
   iterator begin() {
-    detail::ShardSpec spec{static_cast<int64_t>(dataset_size()), options_, 1, 0, true, false};
-    auto plan = detail::make_epoch_plan(spec, epoch_++);
-    end_pos_ = plan.num_batches;
-    return iterator(dataset_, std::move(plan), 0);
+    if constexpr (is_stream) {
+      detail::ShardSpec spec{-1, options_, 1, 0, true, false};
+      auto plan = detail::make_stream_plan(spec, epoch_++);
+      return iterator(dataset_, plan, options_.drop_last);
+    } else {
+      detail::ShardSpec spec{static_cast<int64_t>(dataset_size()), options_, 1, 0, true, false};
+      auto plan = detail::make_epoch_plan(spec, epoch_);
+      plan.epoch = epoch_++;
+      end_pos_ = plan.num_batches;
+      return iterator(dataset_, std::move(plan), 0);
+    }
   }
-  iterator end() { return iterator(nullptr, {}, end_pos_); }
+  iterator end() {
+    if constexpr (is_stream)
+      return iterator(iterator::kEnd);
+    else
+      return iterator(nullptr, {}, end_pos_);
+  }
   size_t size() const {
     detail::ShardSpec spec{static_cast<int64_t>(dataset_size()), options_, 1, 0, true, false};
     return static_cast<size_t>(detail::count_batches(spec));
+  }
+  // The epoch the next begin() starts (its shuffle: seed + epoch); set_epoch chooses it.
+  int64_t epoch() const { return epoch_; }
+  void set_epoch(int64_t epoch) {
+    if (epoch < 0) throw UsageError("DataLoader::set_epoch: the epoch must be >= 0, got " + std::to_string(epoch));
+    epoch_ = epoch;
   }
 
  private:

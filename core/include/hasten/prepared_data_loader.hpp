@@ -7,9 +7,11 @@
 
 #include <torch/types.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 
 namespace hasten {
@@ -31,13 +33,18 @@ class PreparedDataLoader {
   PreparedDataLoader(std::shared_ptr<Dataset> dataset, std::shared_ptr<detail::Engine> engine,
                      size_t loader, torch::Device device)
       : dataset_(std::move(dataset)), engine_(std::move(engine)), loader_(loader), device_(device) {}
+  // A stream dataset's loader: drop_last decides whether the last short round is dropped.
+  PreparedDataLoader(std::shared_ptr<Dataset> dataset, std::shared_ptr<detail::Engine> engine,
+                     size_t loader, torch::Device device, bool drop_last)
+      : dataset_(std::move(dataset)), engine_(std::move(engine)), loader_(loader), device_(device),
+        drop_last_(drop_last) {}
 
-  using iterator = detail::BatchIterator<Dataset>;
+  using iterator = detail::loader_iterator_t<Dataset>;
   using batch_type = detail::batch_t<Dataset>;  // hasten::Batch, or ExampleBatch for LibTorch's
 
   // Each call starts the next epoch.
   iterator begin() {
-    auto plan = engine_->loader_begin_epoch(loader_);
+    auto plan = engine_->loader_begin_epoch(loader_, skip_);
     end_pos_ = plan.num_batches;
     auto session = plan.first_batch < plan.num_batches ? std::make_shared<Session>(engine_, loader_)
                                         : nullptr;
@@ -45,15 +52,45 @@ class PreparedDataLoader {
     auto observer = [engine = engine_, id = loader_](int64_t batch, int64_t n, int64_t padding) {
       engine->loader_at(id, batch, n, padding);
     };
-    const int64_t first = plan.first_batch;
-    return iterator(dataset_, std::move(plan), first, device_, std::move(observer), std::move(session));
+    if constexpr (detail::is_stream_dataset_v<Dataset>) {
+      return iterator(dataset_, plan, drop_last_, device_, std::move(observer), std::move(session));
+    } else {
+      const int64_t first = plan.first_batch;
+      return iterator(dataset_, std::move(plan), first, device_, std::move(observer), std::move(session));
+    }
   }
-  iterator end() { return iterator(nullptr, {}, end_pos_); }
-  // Batches per epoch on this rank.
-  size_t size() const { return static_cast<size_t>(engine_->loader_num_batches(loader_)); }
+  iterator end() {
+    if constexpr (detail::is_stream_dataset_v<Dataset>)
+      return iterator(iterator::kEnd);
+    else
+      return iterator(nullptr, {}, end_pos_);
+  }
+  // Batches per epoch on this rank (less those skip_first_batches skips). A stream has no
+  // length: hasten::UsageError.
+  size_t size() const {
+    if constexpr (detail::is_stream_dataset_v<Dataset>)
+      throw UsageError("PreparedDataLoader::size: a loader over a stream dataset has no length");
+    else
+      return static_cast<size_t>(std::max<int64_t>(0, engine_->loader_num_batches(loader_) - skip_));
+  }
   Dataset& dataset() const { return *dataset_; }
   // Its index among the Accelerator's loaders (GradientState::active_dataloader).
   size_t index() const { return loader_; }
+
+  // The epoch the next iteration begins (during one: the epoch under way); Accelerate's
+  // `iteration`. After load_state, the checkpoint's epoch.
+  int64_t epoch() const { return engine_->loader_epoch(loader_); }
+  // Chooses the epoch the next iteration begins: its order (seed + epoch for shuffle and
+  // RandomSampler) and what later ones count from. Set to the epoch a checkpoint resumes,
+  // the loop continues at the saved batch; another epoch starts at its first batch. Not
+  // while this loader is being iterated.
+  void set_epoch(int64_t epoch) { engine_->loader_set_epoch(loader_, epoch); }
+
+  // The batches skip_first_batches skips at the start of each epoch of this loader.
+  int64_t skipped_batches() const { return skip_; }
+
+  template <class D>
+  friend PreparedDataLoader<D> skip_first_batches(const PreparedDataLoader<D>& loader, int64_t num_batches);
 
  private:
   std::shared_ptr<Dataset> dataset_;
@@ -61,6 +98,21 @@ class PreparedDataLoader {
   size_t loader_;
   torch::Device device_;
   int64_t end_pos_ = 0;
+  int64_t skip_ = 0;
+  bool drop_last_ = false;  // stream datasets
 };
+
+// Accelerate's skip_first_batches: the same prepared loader (the same epochs, position,
+// end-of-data and checkpoint tracking) whose every epoch starts at batch `num_batches`, for
+// loops that resume by counting batches themselves. After load_state, which already resumes
+// mid-epoch, an epoch starts at the later of the two, so a ported loop does not skip twice.
+template <class Dataset>
+PreparedDataLoader<Dataset> skip_first_batches(const PreparedDataLoader<Dataset>& loader, int64_t num_batches) {
+  if (num_batches < 0)
+    throw UsageError("skip_first_batches: num_batches must be >= 0, got " + std::to_string(num_batches));
+  PreparedDataLoader<Dataset> out = loader;
+  out.skip_ = num_batches;
+  return out;
+}
 
 }  // namespace hasten

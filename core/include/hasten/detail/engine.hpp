@@ -83,7 +83,14 @@ class Engine {
 
   // Data loaders.
   size_t add_loader(int64_t dataset_size, const DataLoaderOptions& options);
+  // A loader over a stream dataset (its number of batches is not known in advance).
+  size_t add_stream_loader(const DataLoaderOptions& options);
   EpochPlan loader_begin_epoch(size_t loader);
+  // skip_first_batches: the epoch begins at batch `skip` (or later, after load_state).
+  EpochPlan loader_begin_epoch(size_t loader, int64_t skip);
+  // The epoch the loader's next iteration begins, and set_epoch.
+  int64_t loader_epoch(size_t loader) const;
+  void loader_set_epoch(size_t loader, int64_t epoch);
   void loader_at(size_t loader, int64_t batch, int64_t num_batches, int64_t num_padding);
   void loader_end(size_t loader) noexcept;
   int64_t loader_num_batches(size_t loader) const;
