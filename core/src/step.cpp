@@ -157,7 +157,12 @@ double Engine::clip_grad_norm(const std::vector<torch::Tensor>& parameters, doub
 void Engine::clip_grad_value(size_t model, double clip_value) {
   Impl& s = *impl_;
   unscale_gradients();
-  torch::nn::utils::clip_grad_value_(s.models.at(model).module->parameters(), clip_value);
+  // A sparse .grad is the sharded strategies' placeholder at rest (an empty zero): nothing to
+  // clip there, and LibTorch's clamp_ has no sparse kernel.
+  std::vector<torch::Tensor> dense;
+  for (auto& p : s.models.at(model).module->parameters())
+    if (p.grad().defined() && !p.grad().is_sparse()) dense.push_back(p);
+  torch::nn::utils::clip_grad_value_(dense, clip_value);
   // Under a sharding strategy the gradients the optimizers step are the shards' (the
   // parameters' own are freed between steps): clipping by value is element-wise, so clipping
   // each rank's shard clips the whole. Only the optimizers that step this model: another
