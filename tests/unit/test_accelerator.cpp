@@ -22,8 +22,7 @@ namespace {
 
 // Options isolated from any user config file and environment settings.
 Options isolated(Options o = {}) {
-  static hasten::test::TempDir home;
-  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  hasten::test::isolate_home();
   return o;
 }
 

@@ -16,19 +16,10 @@ using hasten::Accelerator;
 
 namespace {
 
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error(what);
-}
+using hasten::test::require;
 
 hasten::LaunchOptions two_ranks(std::map<std::string, std::string> env = {}, double timeout_s = 60) {
-  static hasten::test::TempDir home;
-  hasten::LaunchOptions o;
-  o.num_processes = 2;
-  o.timeout_s = timeout_s;
-  o.env = std::move(env);
-  o.env["HASTEN_HOME"] = home.path().string();
-  if (!o.env.count("HASTEN_TIMEOUT_S")) o.env["HASTEN_TIMEOUT_S"] = "60";
-  return o;
+  return hasten::test::with_ranks(2, std::move(env), timeout_s);
 }
 
 std::string read(const std::string& file) { return hasten::test::TempDir::read_file(file); }

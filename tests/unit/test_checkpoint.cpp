@@ -96,15 +96,7 @@ void train(const std::string& strategy, const fs::path& project, int until, bool
   std::ofstream(out / "lr.txt") << adam.param_groups()[0].options().get_lr();
 }
 
-hasten::LaunchOptions ranks(int n) {
-  static hasten::test::TempDir home;
-  hasten::LaunchOptions o;
-  o.num_processes = n;
-  o.timeout_s = 180;
-  o.env["HASTEN_HOME"] = home.path().string();
-  o.env["HASTEN_TIMEOUT_S"] = "60";
-  return o;
-}
+hasten::LaunchOptions ranks(int n) { return hasten::test::with_ranks(n, {}, 180); }
 
 void expect_same_files(const fs::path& a, const fs::path& b, int world) {
   std::vector<std::string> files = {"params.safetensors"};
@@ -694,8 +686,7 @@ std::string crc32c_text(const std::string& bytes) {
 // next to an index that no longer named them.
 TEST(Weights, SavingAgainRemovesTheShardsOfTheEarlierSave) {
   hasten::test::TempDir dir;
-  static hasten::test::TempDir home;
-  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  hasten::test::isolate_home();
   Accelerator acc;
   auto model = acc.prepare(std::make_shared<NetImpl>());
   const fs::path out = dir.path() / "weights";

@@ -20,20 +20,8 @@ using hasten::ReduceOp;
 namespace {
 
 // Fails the worker (and so the launch) with a message when a condition does not hold.
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error(what);
-}
-
-hasten::LaunchOptions with_ranks(int n, std::map<std::string, std::string> env = {}) {
-  static hasten::test::TempDir home;
-  hasten::LaunchOptions o;
-  o.num_processes = n;
-  o.timeout_s = 120;
-  o.env = std::move(env);
-  o.env["HASTEN_HOME"] = home.path().string();
-  o.env["HASTEN_TIMEOUT_S"] = o.env.count("HASTEN_TIMEOUT_S") ? o.env["HASTEN_TIMEOUT_S"] : "60";
-  return o;
-}
+using hasten::test::require;
+using hasten::test::with_ranks;
 
 // Rank r's contribution: small integers, exact in every dtype.
 torch::Tensor contribution(int rank, int64_t n, torch::ScalarType dtype) {

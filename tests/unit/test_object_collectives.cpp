@@ -47,20 +47,8 @@ struct hasten::Serializer<Sample> {
 
 namespace {
 
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error(what);
-}
-
-hasten::LaunchOptions with_ranks(int n, std::map<std::string, std::string> env = {}) {
-  static hasten::test::TempDir home;
-  hasten::LaunchOptions o;
-  o.num_processes = n;
-  o.timeout_s = 120;
-  o.env = std::move(env);
-  o.env["HASTEN_HOME"] = home.path().string();
-  o.env["HASTEN_TIMEOUT_S"] = "60";
-  return o;
-}
+using hasten::test::require;
+using hasten::test::with_ranks;
 
 std::string str(const std::vector<int64_t>& v) {
   std::string s = "[";

@@ -24,24 +24,12 @@ using Lists = std::vector<std::vector<int64_t>>;
 namespace {
 
 hasten::Options isolated() {
-  static hasten::test::TempDir home;
-  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  hasten::test::isolate_home();
   return {};
 }
 
-hasten::LaunchOptions with_ranks(int n) {
-  static hasten::test::TempDir home;
-  hasten::LaunchOptions o;
-  o.num_processes = n;
-  o.timeout_s = 120;
-  o.env["HASTEN_HOME"] = home.path().string();
-  o.env["HASTEN_TIMEOUT_S"] = "60";
-  return o;
-}
-
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error(what);
-}
+using hasten::test::require;
+using hasten::test::with_ranks;
 
 std::string str(const Lists& l) {
   std::string s = "[";

@@ -306,8 +306,7 @@ namespace {
 
 // Options isolated from any user config file and environment settings.
 Options isolated(const fs::path& project) {
-  static hasten::test::TempDir home;
-  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  hasten::test::isolate_home();
   Options o;
   o.project_dir = project.string();
   o.gradient_accumulation_steps = 2;

@@ -14,8 +14,7 @@ namespace F = torch::nn::functional;
 namespace {
 
 Options with(const std::string& strategy) {
-  static hasten::test::TempDir home;
-  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  hasten::test::isolate_home();
   Options o;
   o.strategy = strategy;
   return o;

@@ -84,14 +84,7 @@ void expect_sync(Accelerator& acc, const M& model, const Regression& net, const 
   check(torch::allclose(both[0], both[1]) == in_sync, where + ": ranks' gradients " + str(both) + (in_sync ? " differ" : " agree"));
 }
 
-void run_on_two(const std::function<void()>& fn) {
-  static hasten::test::TempDir home;
-  hasten::LaunchOptions lo;
-  lo.num_processes = 2;
-  lo.timeout_s = 120;
-  lo.env["HASTEN_HOME"] = home.path().string();
-  hasten::launch(fn, lo);
-}
+void run_on_two(const std::function<void()>& fn) { hasten::launch(fn, hasten::test::with_ranks(2)); }
 
 class Sync : public ::testing::TestWithParam<std::string> {};
 
@@ -291,8 +284,7 @@ INSTANTIATE_TEST_SUITE_P(Strategies, Sync, ::testing::Values("ddp", "zero2", "ze
 // test_dataloader_break: the gradient state follows the innermost loader, nested loops
 // included, and its end.
 TEST(GradientState, FollowsTheInnermostLoaderAndItsEnd) {
-  hasten::test::TempDir home;
-  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  hasten::test::isolate_home();
   Accelerator acc;
   auto [first, second] = acc.prepare(hasten::DataLoader(regression_data(80), {16}),
                                      hasten::DataLoader(regression_data(96), {16}));
@@ -327,8 +319,7 @@ TEST(GradientState, FollowsTheInnermostLoaderAndItsEnd) {
 // test_noop_sync: with one process no_sync changes nothing: the gradients are always the
 // truth's.
 TEST(GradientState, NoSyncOnOneProcessIsANoOp) {
-  hasten::test::TempDir home;
-  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  hasten::test::isolate_home();
   Accelerator acc;
   Truth truth{Regression()};
   Regression net;
@@ -352,8 +343,7 @@ TEST(GradientState, NoSyncOnOneProcessIsANoOp) {
 
 // sync_with_dataloader false: the loader's end no longer closes the window (the count runs on).
 TEST(GradientState, SyncWithDataloaderFalseLetsWindowsRunAcrossTheEnd) {
-  hasten::test::TempDir home;
-  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  hasten::test::isolate_home();
   for (bool with_loader : {true, false}) {
     Options o;
     o.gradient_accumulation_steps = 2;
@@ -377,8 +367,7 @@ TEST(GradientState, SyncWithDataloaderFalseLetsWindowsRunAcrossTheEnd) {
 // Departure (c): an out-of-range dim is an error by default, the tensor unchanged with
 // pad_out_of_range_dim: unchanged (Accelerate's).
 TEST(Departures, PadAcrossProcessesOutOfRangeDimBothWays) {
-  hasten::test::TempDir home;
-  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  hasten::test::isolate_home();
   auto t = torch::arange(6).reshape({2, 3});
   {
     Accelerator acc;
@@ -398,8 +387,7 @@ TEST(Departures, PadAcrossProcessesOutOfRangeDimBothWays) {
 }
 
 TEST(Departures, BadValuesOfTheNewKeysAreOneClearLine) {
-  hasten::test::TempDir home;
-  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  hasten::test::isolate_home();
   Options o;
   o.short_window_loss_division = "mean";
   try {

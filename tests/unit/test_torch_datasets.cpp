@@ -21,25 +21,12 @@ namespace F = torch::nn::functional;
 namespace {
 
 hasten::Options isolated() {
-  static hasten::test::TempDir home;
-  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  hasten::test::isolate_home();
   return {};
 }
 
-hasten::LaunchOptions with_ranks(int n) {
-  static hasten::test::TempDir home;
-  hasten::LaunchOptions o;
-  o.num_processes = n;
-  o.timeout_s = 120;
-  o.env["HASTEN_HOME"] = home.path().string();
-  o.env["HASTEN_TIMEOUT_S"] = "60";
-  return o;
-}
-
-// Fails the worker (and so the launch) with a message when a condition does not hold.
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error(what);
-}
+using hasten::test::require;
+using hasten::test::with_ranks;
 
 void write_be32(std::ofstream& out, uint32_t v) {
   const char bytes[4] = {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),

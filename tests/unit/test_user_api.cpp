@@ -25,15 +25,7 @@ struct NetImpl : torch::nn::Module {
   hasten::Unit<torch::nn::Linear> fc1{nullptr}, fc2{nullptr};
 };
 
-hasten::LaunchOptions ranks(int n) {
-  static hasten::test::TempDir home;
-  hasten::LaunchOptions o;
-  o.num_processes = n;
-  o.timeout_s = 120;
-  o.env["HASTEN_HOME"] = home.path().string();
-  o.env["HASTEN_TIMEOUT_S"] = "60";
-  return o;
-}
+hasten::LaunchOptions ranks(int n) { return hasten::test::with_ranks(n); }
 
 // Trains 6 steps on 2 ranks clipping as `how` says, returns the final full parameters
 // (written by rank 0) and the norms clip_grad_norm_ returned.
@@ -122,8 +114,7 @@ TEST(UserApi, APartOfAShardedModelsParametersIsAnError) {
 // `acc.accumulate(model);` as a statement ended the scope at once: the backward after it was
 // neither divided nor kept local. Now backward says so.
 TEST(UserApi, ADiscardedAccumulateScopeIsAnErrorAtBackward) {
-  static hasten::test::TempDir home;
-  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  hasten::test::isolate_home();
   Options o;
   o.gradient_accumulation_steps = 2;
   Accelerator acc(o);
@@ -146,8 +137,8 @@ TEST(UserApi, ADiscardedAccumulateScopeIsAnErrorAtBackward) {
 // tracker_options keyed by the tracker's name reached it only when `trackers` named it the
 // same way (not when selected by path), and a misspelt key was dropped without a word.
 TEST(UserApi, TrackerOptionsReachATrackerSelectedByPathAndTyposAreErrors) {
-  static hasten::test::TempDir home, logs;
-  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  static hasten::test::TempDir logs;
+  hasten::test::isolate_home();
   auto error_with = [&](const std::string& options) -> std::string {
     Options o;
     o.logging_dir = logs.path().string();
@@ -174,8 +165,7 @@ TEST(UserApi, TrackerOptionsReachATrackerSelectedByPathAndTyposAreErrors) {
 // docs/strategies.md: zero3 holds no full parameters at rest. An evaluation under no_grad
 // used to leave one unit gathered until the next training step.
 TEST(UserApi, Zero3HoldsNoFullParametersAfterAnEvaluationUnderNoGrad) {
-  static hasten::test::TempDir home;
-  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  hasten::test::isolate_home();
   for (const std::string strategy : {"zero3", "fsdp"}) {
     Options o;
     o.strategy = strategy;
@@ -358,8 +348,7 @@ TEST(UserApi, ABackwardThroughModelArrowForwardIsRefused) {
 // Under a sharding strategy an optimizer prepared before its model kept the full parameters,
 // unreduced on every rank, without a word. Now prepare says so.
 TEST(UserApi, AnOptimizerPreparedBeforeItsModelIsRefusedUnderSharding) {
-  static hasten::test::TempDir home;
-  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  hasten::test::isolate_home();
   {
     Options o;
     o.strategy = "zero2";
@@ -387,8 +376,7 @@ TEST(UserApi, AnOptimizerPreparedBeforeItsModelIsRefusedUnderSharding) {
 // clip_grad_value_(model) under a sharding strategy clipped the shards of every prepared
 // optimizer: a GAN's other network too. Now only that model's optimizer.
 TEST(UserApi, ClipByValueUnderShardingLeavesOtherModelsAlone) {
-  static hasten::test::TempDir home;
-  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  hasten::test::isolate_home();
   Options o;
   o.strategy = "zero2";
   Accelerator acc(o);
@@ -423,8 +411,7 @@ struct PairImpl : torch::nn::Module {
 // gather on one process returned the input itself (editing one edited the other), and under
 // bf16 only a tensor or a vector of them came back float32, not a tuple.
 TEST(UserApi, GatherIsACopyAndTupleOutputsComeBackFloat32) {
-  static hasten::test::TempDir home;
-  ::setenv("HASTEN_HOME", home.path().c_str(), 1);
+  hasten::test::isolate_home();
   Options o;
   o.mixed_precision = "bf16";
   Accelerator acc(o);

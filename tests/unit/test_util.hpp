@@ -4,7 +4,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <stdexcept>
 #include <string>
+
+#include <hasten/launch.hpp>
 
 namespace hasten::test {
 
@@ -39,6 +43,33 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// This executable's private HASTEN_HOME (empty: no user config file, no installed plugins), made
+// once and removed at exit. Forked ranks leave through _exit, so only the parent removes it.
+inline const std::filesystem::path& private_home() {
+  static TempDir home;
+  return home.path();
+}
+
+// For an Accelerator made in the test's own process: points HASTEN_HOME at the private home.
+inline void isolate_home() { ::setenv("HASTEN_HOME", private_home().c_str(), 1); }
+
+// `n` forked ranks with the private home and a 60 s collective timeout; `env` adds variables
+// (HASTEN_TIMEOUT_S in it wins), `timeout_s` bounds the whole launch.
+inline hasten::LaunchOptions with_ranks(int n, std::map<std::string, std::string> env = {}, double timeout_s = 120) {
+  hasten::LaunchOptions o;
+  o.num_processes = n;
+  o.timeout_s = timeout_s;
+  o.env = std::move(env);
+  o.env["HASTEN_HOME"] = private_home().string();
+  o.env.emplace("HASTEN_TIMEOUT_S", "60");
+  return o;
+}
+
+// Fails a rank (and so the launch, which names the rank and this message) when `ok` is false.
+inline void require(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what);
+}
 
 inline std::string test_plugin(const std::string& dir, const std::string& file) {
   return std::string(HASTEN_TEST_PLUGIN_DIR) + "/" + dir + "/" + file;

@@ -24,9 +24,7 @@ using hasten::Accelerator;
 
 namespace {
 
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error(what);
-}
+using hasten::test::require;
 
 struct RegressionImpl : torch::nn::Module {
   RegressionImpl() {
@@ -46,14 +44,7 @@ hasten::TensorDataset regression_data(int64_t length) {
 }
 
 hasten::LaunchOptions two_ranks(const std::string& strategy) {
-  static hasten::test::TempDir home;
-  hasten::LaunchOptions o;
-  o.num_processes = 2;
-  o.timeout_s = 120;
-  o.env["HASTEN_HOME"] = home.path().string();
-  o.env["HASTEN_TIMEOUT_S"] = "60";
-  o.env["HASTEN_STRATEGY"] = strategy;
-  return o;
+  return hasten::test::with_ranks(2, {{"HASTEN_STRATEGY", strategy}});
 }
 
 // `spelling`: how the gradients are cleared before each forward.
