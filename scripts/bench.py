@@ -204,9 +204,11 @@ def main():
         lines += ["### Collectives, 2 ranks, float32 (GB/s = bytes per rank / median time of the slowest rank)", "",
                   "copy ms: a plain memcpy of the bytes each rank must move (allreduce: its buffer; allgather: the "
                   "2 x bytes of output; reduce_scatter: its whole input), every rank at once, timed in the same "
-                  "run as shm, interleaved with it.", "",
-                  "| op | bytes | shm | gloo plugin | c10d ProcessGroupGloo | shm ms | copy ms | shm / copy | gloo plugin ms | c10d ms |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "run as shm, interleaved with it. cpu: the same in the calling thread's CPU time (shm's waits "
+                  "sleep, so this is its copying and reducing; a loaded machine stretches wall time, not this).", "",
+                  "| op | bytes | shm | gloo plugin | c10d ProcessGroupGloo | shm ms | copy ms | shm / copy | "
+                  "shm cpu ms | copy cpu ms | cpu shm / copy | gloo plugin ms | c10d ms |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         get = lambda comm, op, b: next((c for c in collectives if c.get("comm") == comm and c["op"] == op and c["bytes"] == b), None)
         for op in ("allreduce", "allgather", "reduce_scatter"):
             for b in sorted({c["bytes"] for c in collectives if c["op"] == op}):
@@ -214,6 +216,7 @@ def main():
                 cell = lambda x, k: "unsupported" if x and "unsupported" in x else fmt(x[k], 3) if x else "-"
                 lines.append(f"| {op} | {b} | {cell(s, 'gb_per_s')} | {cell(g, 'gb_per_s')} | {cell(c, 'gb_per_s')} | "
                              f"{cell(s, 'median_ms')} | {cell(s, 'copy_ms')} | {cell(s, 'vs_copy')} | "
+                             f"{cell(s, 'cpu_ms')} | {cell(s, 'copy_cpu_ms')} | {cell(s, 'cpu_vs_copy')} | "
                              f"{cell(g, 'median_ms')} | {cell(c, 'median_ms')} |")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out_dir, "benchmarks.md"), "w") as f:

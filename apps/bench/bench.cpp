@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -117,6 +118,19 @@ void collectives(const std::string& comm, int64_t max_bytes) {
               f();
               return std::chrono::duration<double>(Clock::now() - t0).count();
             };
+            // Wall and CPU seconds of the calling thread (shm's waits sleep on a futex after a
+            // 100 us spin, so its CPU time is the copying and reducing, not the waiting for a
+            // core: on a machine with more runnable processes than cores that is the figure
+            // the load leaves alone).
+            auto wall_and_cpu = [](auto&& f) {
+              timespec c0{}, c1{};
+              ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+              const auto t0 = Clock::now();
+              f();
+              const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+              ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+              return std::pair<double, double>{wall, (c1.tv_sec - c0.tv_sec) + (c1.tv_nsec - c0.tv_nsec) * 1e-9};
+            };
             double each = 0;
             for (int i = 0; i < 3; ++i) each += seconds(run_once) / 3;
             // Every rank must run the same number of iterations: agree on the largest wish
@@ -125,21 +139,29 @@ void collectives(const std::string& comm, int64_t max_bytes) {
             const int64_t iterations = acc.reduce(torch::tensor({wish}), "max").item<int64_t>();
             // The copy bound: every rank copies its bytes at the same moment, as in the
             // collective, interleaved with it so that both see the same machine.
-            std::vector<double> times, copies;
+            std::vector<double> times, copies, cpu_times, cpu_copies;
             for (int64_t i = 0; i < iterations; ++i) {
               acc.wait_for_everyone();
-              copies.push_back(seconds([&] { std::memcpy(copy_dst.data_ptr(), copy_src.data_ptr(), static_cast<size_t>(copy)); }));
+              const auto c = wall_and_cpu([&] { std::memcpy(copy_dst.data_ptr(), copy_src.data_ptr(), static_cast<size_t>(copy)); });
+              copies.push_back(c.first);
+              cpu_copies.push_back(c.second);
               acc.wait_for_everyone();
-              times.push_back(seconds(run_once));
+              const auto t = wall_and_cpu(run_once);
+              times.push_back(t.first);
+              cpu_times.push_back(t.second);
             }
             // The slowest rank decides.
             auto slowest = [&](double mine) { return acc.reduce(torch::tensor({mine}, torch::kDouble), "max").item<double>(); };
             const double took = slowest(median(times)), bound = slowest(median(copies));
+            const double cpu_took = slowest(median(cpu_times)), cpu_bound = slowest(median(cpu_copies));
             if (acc.is_main_process())
               std::cout << nlohmann::ordered_json{{"impl", "hasten"}, {"comm", comm}, {"op", op}, {"bytes", bytes},
                                                   {"median_ms", took * 1e3}, {"gb_per_s", bytes / took / 1e9},
                                                   {"copy_bytes", copy}, {"copy_ms", bound * 1e3},
-                                                  {"vs_copy", took / bound}, {"iterations", times.size()},
+                                                  {"vs_copy", took / bound}, {"cpu_ms", cpu_took * 1e3},
+                                                  {"copy_cpu_ms", cpu_bound * 1e3},
+                                                  {"cpu_vs_copy", cpu_bound > 0 ? cpu_took / cpu_bound : 0.0},
+                                                  {"iterations", times.size()},
                                                   {"world_size", world}}
                                .dump()
                         << std::endl;
@@ -285,6 +307,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"ddp2", "zero3", "torch-ddp2"}));
   app.add_option("--max-size", mm.max_size, "--max-model: largest size tried (width 32 s, depth s/2; default 128)")
       ->check(hasten::cli::integer_in(1, 1024));
+  app.add_option("--start-size", mm.start_size,
+                 "--max-model: first size tried, doubled while it fits or halved until one does (default 1)")
+      ->check(hasten::cli::integer_in(1, 1024));
   app.add_option("--peer", mm.peer, "--max-model: the PyTorch peer (default: the source tree's torch_peer.py)");
   std::string trial_mode;
   int trial_size = 0;
@@ -315,6 +340,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (max_model) {
+      if (mm.start_size > mm.max_size) {
+        std::cerr << "hasten-bench: error: --start-size " << mm.start_size << " is above --max-size " << mm.max_size
+                  << " (the search tries sizes 1 to --max-size)" << std::endl;
+        return 2;
+      }
       mm.budget_bytes = static_cast<uint64_t>(budget_mib * 1048576.0);
       mm.self = "/proc/self/exe";
       if (mm.peer.empty()) mm.peer = HASTEN_BENCH_PEER;

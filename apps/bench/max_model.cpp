@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +33,39 @@ constexpr int64_t kVocab = 96;  // gpt-tiny's
 // A trial is stopped, and the whole search ends, when the machine has less than this left:
 // the budget is the processes', the machine's other users must not pay for it.
 constexpr uint64_t kMachineReserve = 1ull << 30;
+
+// The running trial, for the signal handler: its process group and its output file. A search
+// stopped by SIGTERM, SIGINT or SIGHUP must not leave a trial behind holding gigabytes (its
+// workers are in a group of their own, so the signal that stops the search never reaches them).
+std::atomic<pid_t> g_trial_group{0};
+char g_trial_output[64] = {};
+
+extern "C" void stop_search(int signo) {
+  // Only async-signal-safe calls here: kill the trial's whole group, remove its output file,
+  // then die of the same signal so that whoever sent it sees it as the cause.
+  const pid_t group = g_trial_group.load();
+  if (group > 0) ::kill(-group, SIGKILL);
+  if (g_trial_output[0] != 0) ::unlink(g_trial_output);
+  ::signal(signo, SIG_DFL);
+  ::raise(signo);
+}
+
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGHUP};
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = stop_search;
+  sigemptyset(&sa.sa_mask);
+  for (int s : kStopSignals) sigaddset(&sa.sa_mask, s);
+  for (int s : kStopSignals) ::sigaction(s, &sa, nullptr);
+}
+
+sigset_t stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : kStopSignals) sigaddset(&set, s);
+  return set;
+}
 
 uint64_t page_size() { return static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)); }
 
@@ -104,10 +138,21 @@ Trial run_trial(const MaxModelOptions& o, const std::string& side, int size) {
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  // The stop signals are held from before the fork until the handler knows the trial's group:
+  // one arriving in between is delivered then, and still reaches the trial.
+  const sigset_t stops = stop_signals();
+  sigset_t before;
+  ::sigprocmask(SIG_BLOCK, &stops, &before);
+  std::snprintf(g_trial_output, sizeof g_trial_output, "%s", out_path);
   const pid_t pid = ::fork();
-  if (pid < 0) throw hasten::Error("--max-model: fork failed");
+  if (pid < 0) {
+    ::sigprocmask(SIG_SETMASK, &before, nullptr);
+    throw hasten::Error("--max-model: fork failed");
+  }
   if (pid == 0) {
     ::setpgid(0, 0);
+    for (int s : kStopSignals) ::signal(s, SIG_DFL);  // the trial dies of them; it is no searcher
+    ::sigprocmask(SIG_SETMASK, &before, nullptr);
     ::dup2(out_fd, 1);
     const int null_fd = ::open("/dev/null", O_WRONLY);
     if (null_fd >= 0) ::dup2(null_fd, 2);  // a killed trial's complaints are expected
@@ -115,6 +160,8 @@ Trial run_trial(const MaxModelOptions& o, const std::string& side, int size) {
     ::_exit(127);
   }
   ::setpgid(pid, pid);  // both sides set it: no window in which a worker escapes the group
+  g_trial_group.store(pid);
+  ::sigprocmask(SIG_SETMASK, &before, nullptr);
   ::close(out_fd);
   int status = 0;
   bool short_of_memory = false;
@@ -134,6 +181,7 @@ Trial run_trial(const MaxModelOptions& o, const std::string& side, int size) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ::kill(-pid, SIGKILL);  // a rank still in teardown after its launcher ended
+  g_trial_group.store(0);
   std::ifstream out(out_path);
   std::string line;
   nlohmann::json result;
@@ -146,6 +194,7 @@ Trial run_trial(const MaxModelOptions& o, const std::string& side, int size) {
     } catch (const nlohmann::json::exception&) {
     }
   }
+  g_trial_output[0] = 0;
   std::filesystem::remove(out_path);
   if (short_of_memory) {
     t.error = "the machine has less than 1 GiB available: search stopped (lower --budget-mib)";
@@ -224,6 +273,7 @@ void max_model_trial(const std::string& mode, int size, int seq, int batch) {
 }
 
 int max_model(const MaxModelOptions& o) {
+  install_stop_handlers();
   std::map<std::string, Trial> best;
   for (const auto& side : o.sides) {
     if (side == "torch-ddp2" && !std::filesystem::exists(o.peer)) {
@@ -243,13 +293,26 @@ int max_model(const MaxModelOptions& o) {
       return tried.emplace(size, t).first->second;
     };
     int lo = 0, hi = o.max_size + 1;  // lo fits (0: nothing yet), hi does not
-    for (int size = 1;; size = std::min(size * 2, o.max_size)) {
-      if (!attempt(size).fits) {
-        hi = size;
-        break;
+    const int start = std::clamp(o.start_size, 1, o.max_size);
+    if (attempt(start).fits) {
+      lo = start;
+      for (int size = std::min(start * 2, o.max_size); lo < o.max_size; size = std::min(size * 2, o.max_size)) {
+        if (!attempt(size).fits) {
+          hi = size;
+          break;
+        }
+        lo = size;
       }
-      lo = size;
-      if (size >= o.max_size) break;
+    } else {
+      // A start above the answer: halve until a size fits (or size 1 does not).
+      hi = start;
+      for (int size = start / 2; size >= 1; size /= 2) {
+        if (attempt(size).fits) {
+          lo = size;
+          break;
+        }
+        hi = size;
+      }
     }
     while (hi - lo > 1) {
       const int mid = lo + (hi - lo) / 2;

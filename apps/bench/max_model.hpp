@@ -21,6 +21,7 @@ struct MaxModelOptions {
   std::vector<std::string> sides = {"ddp2", "zero3", "torch-ddp2"};
   int seq = 16, batch = 1;  // tokens per process and step: the model's state decides, not activations
   int max_size = 128;       // never try a larger size
+  int start_size = 1;       // the first size tried: the search doubles up from it or halves down
   std::string self;         // this program, for the hasten trials
   std::string peer;         // tests/integration/peers/torch_peer.py, for torch-ddp2
   std::string python = "/usr/bin/python3";

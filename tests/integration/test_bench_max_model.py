@@ -2,9 +2,15 @@
 search reports a model that fits, every trial that fitted is smaller than every trial that did
 not (the search is consistent with a monotone memory), parameter counts grow with the size,
 every fitting trial's summed peak stays within the budget, and zero3 fits a model at least as
-large as ddp2's. Bad budgets and sides are one clear line."""
+large as ddp2's. --start-size above the answer finds the same answer. Killed
+with SIGTERM, the search takes its running trial's whole process group with it. Bad budgets,
+sides and start sizes are one clear line."""
 import json
 import os
+import signal
+import subprocess
+import tempfile
+import time
 
 import harness as h
 
@@ -65,6 +71,69 @@ for size, counts in by_size.items():
     if len(counts) != 1:
         h.fail(f"size {size}: the sides count different parameters: {counts}")
 
+# --start-size above the answer halves down to it, then bisects: the same answer as from 1
+# (one start only: every trial is a launch, and the doubling is the path the search above took).
+for start in (results["ddp2"]["size"] + 3,):
+    s_trials, s_results, s_out = search("--budget-mib", str(BUDGET_MIB), "--sides", "ddp2", "--max-size", "24",
+                                        "--start-size", str(start))
+    if s_trials[0]["size"] != start:
+        h.fail(f"--start-size {start}: the first trial was size {s_trials[0]['size']}\n{s_out}")
+    if s_results["ddp2"]["size"] != results["ddp2"]["size"]:
+        h.fail(f"--start-size {start}: answer {s_results['ddp2']['size']}, from size 1: {results['ddp2']['size']}\n{s_out}")
+    print(f"--start-size {start}: sizes tried {[t['size'] for t in s_trials]}, answer {s_results['ddp2']['size']}")
+
+
+def gone(pid):
+    """True once pid has exited (a zombie awaiting its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+# SIGTERM during a trial: the trial (here a stand-in peer that sleeps, with a child of its own,
+# both in the trial's process group) must end with the search.
+with tempfile.TemporaryDirectory() as tmp:
+    pid_file = os.path.join(tmp, "pids")
+    sleeper = os.path.join(tmp, "sleeping_peer.py")
+    with open(sleeper, "w") as f:
+        f.write(f"""import os, time
+child = os.fork()
+if child == 0:
+    time.sleep(300)
+    os._exit(0)
+with open({pid_file!r} + ".part", "w") as f:
+    f.write(f"{{os.getpid()}} {{child}}")
+os.rename({pid_file!r} + ".part", {pid_file!r})
+time.sleep(300)
+""")
+    search_p = subprocess.Popen([BENCH, "--max-model", "--sides", "torch-ddp2", "--max-size", "1", "--peer", sleeper],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(pid_file):
+        if search_p.poll() is not None or time.monotonic() > deadline:
+            search_p.kill()
+            h.fail(f"the stand-in trial never started (search exit {search_p.poll()})")
+        time.sleep(0.05)
+    with open(pid_file) as f:
+        trial_pids = [int(x) for x in f.read().split()]
+    search_p.send_signal(signal.SIGTERM)
+    rc = search_p.wait(timeout=60)
+    deadline = time.monotonic() + 10
+    while not all(gone(p) for p in trial_pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = [p for p in trial_pids if not gone(p)]
+    for p in alive:
+        os.kill(p, signal.SIGKILL)
+    if alive:
+        h.fail(f"SIGTERM to hasten-bench --max-model left its trial's processes {alive} running")
+    if rc != -signal.SIGTERM:
+        h.fail(f"hasten-bench --max-model ended with {rc} after SIGTERM, expected to die of SIGTERM")
+    print(f"SIGTERM: the search died of it and took the trial's processes {trial_pids} with it")
+
+h.check_clean_failure(h.run([BENCH, "--max-model", "--start-size", "5", "--max-size", "4"]), "--start-size 5 > --max-size 4",
+                      "--start-size")
 h.check_clean_failure(h.run([BENCH, "--max-model", "--budget-mib", "1"]), "--budget-mib 1", "--budget-mib")
 h.check_clean_failure(h.run([BENCH, "--max-model", "--sides", "ddp3"]), "--sides ddp3", "--sides")
 print("bench_max_model: OK")

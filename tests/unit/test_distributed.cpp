@@ -159,12 +159,19 @@ void chunked_every_dtype() {
       acc.reduce_scatter_into(into, contribution(r, m * w, dtype), op);
       require(torch::equal(into, want), name("reduce_scatter_into", dtype) + " " + opname);
     }
-    // allreduce and broadcast of 2.5 chunks between them.
-    auto t = contribution(r, 2 * chunk + chunk / 2, dtype);
-    acc.all_reduce_(t, ReduceOp::Sum).wait();
-    torch::Tensor sum = torch::zeros({t.numel()}, torch::kDouble);
-    for (int q = 0; q < w; ++q) sum += contribution(q, t.numel(), dtype).to(torch::kDouble);
-    require(torch::equal(t, sum.to(dtype)), name("chunked allreduce", dtype));
+    // allreduce and broadcast of 2.5 chunks between them; each rank's slice of a chunk spans
+    // several of the 64 KiB blocks it reduces in, and a remainder.
+    for (auto [op, opname] : reductions) {
+      auto t = contribution(r, 2 * chunk + chunk / 2, dtype);
+      acc.all_reduce_(t, op).wait();
+      std::vector<torch::Tensor> all;
+      for (int q = 0; q < w; ++q) all.push_back(contribution(q, t.numel(), dtype).to(torch::kDouble));
+      auto stacked = torch::stack(all);
+      torch::Tensor want = op == ReduceOp::Max ? std::get<0>(stacked.max(0)) : stacked.sum(0);
+      if (op == ReduceOp::Avg)
+        want = (dtype == torch::kLong || dtype == torch::kInt) ? want.to(torch::kLong).div(w, "trunc") : want / w;
+      require(torch::equal(t, want.to(dtype)), name("chunked allreduce", dtype) + " " + opname);
+    }
     auto b = contribution(r, 2 * chunk + 5, dtype);
     acc.broadcast_(b, w - 1);
     require(torch::equal(b, contribution(w - 1, b.numel(), dtype)), name("chunked broadcast", dtype));

@@ -9,9 +9,11 @@
 //   reduce_scatter: each rank stages only the pieces its peers need; each reduces its own slice
 //     over its own input (in place, not staged) and the peers' slots, in rank order.
 //   broadcast: the root writes a slot, the others copy it out.
-//   allreduce (per chunk): 1. each rank copies its chunk into slot 0; 2. rank r reduces slice r
-//     over every rank's slot 0 (in rank order, so the result is the same wherever it is
-//     computed) into its slot 1; 3. each rank copies every slice from its owner's slot 1.
+//   allreduce (per chunk): 1. each rank copies into slot 0 the slices its peers reduce (not its
+//     own); 2. rank r reduces slice r over its own buffer and the peers' slot 0 (in rank order,
+//     so the result is the same wherever it is computed) into its slot 1 and its buffer; 3. each
+//     rank copies the other slices from their owners' slot 1. Per byte of buffer on 2 ranks:
+//     2 bytes read and 2 written (staging the whole chunk took 3 and 2.5).
 // Counters are monotonic operation ids: phase 0 says "my slot holds chunk id", phase 1 "my
 // reduced slice of chunk id is ready", phase 2 "I have finished reading chunk id and all
 // before it". A slot is rewritten only when every peer's phase 2 has passed the chunk it last
@@ -274,27 +276,44 @@ class ShmComm final : public hasten::sdk::Comm {
     // Both slots are rewritten: every peer must be done with what they last held. Within the
     // loop, a peer that published phase 0 of chunk k has finished reading chunk k-1.
     wait_all(2, std::max(slot_last_[0], slot_last_[1]), deadline, "allreduce");
+    auto slice = [&](size_t count, size_t q) {  // [lo, hi) of rank q's slice of a chunk
+      return std::pair<size_t, size_t>{count * q / static_cast<size_t>(world_), count * (q + 1) / static_cast<size_t>(world_)};
+    };
+    const size_t r = static_cast<size_t>(rank_);
+    std::vector<const char*> sources(static_cast<size_t>(world_));
     for (size_t start = 0; start < n; start += per_chunk) {
       const size_t count = std::min(per_chunk, n - start);
       const uint64_t id = ++op_;
-      std::memcpy(me().slot(0), buf + start * es, count * es);
+      char* chunk = buf + start * es;
+      // Stage only the slices the peers reduce; my own slice is reduced from my buffer.
+      for (size_t q = 0; q < static_cast<size_t>(world_); ++q) {
+        const auto [qlo, qhi] = slice(count, q);
+        if (q != r && qhi > qlo) std::memcpy(me().slot(0) + qlo * es, chunk + qlo * es, (qhi - qlo) * es);
+      }
       publish(0, id);
       wait_all(0, id, deadline, "allreduce");
-      // My slice of this chunk, reduced over every rank in rank order.
-      const size_t lo = count * static_cast<size_t>(rank_) / static_cast<size_t>(world_);
-      const size_t hi = count * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(world_);
-      if (hi > lo) {
-        char* out = me().slot(1) + lo * es;
-        kernel(out, segments_[0].slot(0) + lo * es, segments_[1].slot(0) + lo * es, hi - lo);
-        for (int q = 2; q < world_; ++q) kernel(out, out, segments_[static_cast<size_t>(q)].slot(0) + lo * es, hi - lo);
-        if (op == HASTEN_REDUCE_AVG) hasten::comm::divide(out, hi - lo, buffer.dtype, world_);
+      // My slice, reduced over every rank in rank order (so the result is the same wherever it
+      // is computed) into my slot 1 for the peers, a cache-sized block at a time, each block
+      // copied into my buffer while it is still in cache.
+      const auto [lo, hi] = slice(count, r);
+      const size_t block = 64 * 1024 / es;
+      for (size_t at = lo; at < hi; at += block) {
+        const size_t len = std::min(block, hi - at);
+        for (size_t q = 0; q < static_cast<size_t>(world_); ++q)
+          sources[q] = q == r ? chunk + at * es : segments_[q].slot(0) + at * es;
+        char* out = me().slot(1) + at * es;
+        kernel(out, sources[0], sources[1], len);
+        for (size_t q = 2; q < static_cast<size_t>(world_); ++q) kernel(out, out, sources[q], len);
+        if (op == HASTEN_REDUCE_AVG) hasten::comm::divide(out, len, buffer.dtype, world_);
+        std::memcpy(chunk + at * es, out, len * es);
       }
       publish(1, id);
-      wait_all(1, id, deadline, "allreduce");
-      for (int q = 0; q < world_; ++q) {
-        const size_t qlo = count * static_cast<size_t>(q) / static_cast<size_t>(world_);
-        const size_t qhi = count * static_cast<size_t>(q + 1) / static_cast<size_t>(world_);
-        if (qhi > qlo) std::memcpy(buf + (start + qlo) * es, segments_[static_cast<size_t>(q)].slot(1) + qlo * es, (qhi - qlo) * es);
+      // The peers' slices, each from its owner's slot 1 once the owner has reduced it.
+      for (int k = 1; k < world_; ++k) {
+        const size_t q = static_cast<size_t>((rank_ + k) % world_);
+        const auto [qlo, qhi] = slice(count, q);
+        wait_one(q, 1, id, deadline, "allreduce");
+        if (qhi > qlo) std::memcpy(chunk + qlo * es, segments_[q].slot(1) + qlo * es, (qhi - qlo) * es);
       }
       publish(2, id);
       slot_last_[0] = slot_last_[1] = id;
