@@ -201,3 +201,84 @@ TEST(Units, UserModulesAndSequentialsNestAsUnits) {
     for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], reference[i], 1e-6) << s << " step " << i;
   }
 }
+
+namespace {
+// Three unit layers of distinct sizes (288, 2112 and 260 parameters) and no parameters of the
+// root, so the memory report's figures can be predicted unit by unit.
+struct ChainImpl : torch::nn::Module {
+  ChainImpl() {
+    fc1 = register_module("fc1", hasten::Unit<torch::nn::Linear>(8, 32));
+    fc2 = register_module("fc2", hasten::Unit<torch::nn::Linear>(32, 64));
+    fc3 = register_module("fc3", hasten::Unit<torch::nn::Linear>(64, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
+  hasten::Unit<torch::nn::Linear> fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+
+// Trains a ChainImpl for 3 steps on 2 ranks under `strategy` and `comm`; rank 0 writes the
+// final parameters (in name order) and its memory report to `out`.
+void train_chain(const std::string& strategy, const std::string& comm, const std::filesystem::path& out) {
+  hasten::test::TempDir home;
+  hasten::LaunchOptions lo;
+  lo.num_processes = 2;
+  lo.env["HASTEN_HOME"] = home.path().string();
+  hasten::launch(
+      [&] {
+        Options o;
+        o.strategy = strategy;
+        o.set = {{"comm", comm}};
+        Accelerator acc(o);
+        torch::manual_seed(0);
+        auto net = std::make_shared<ChainImpl>();
+        torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-2));
+        auto [model, opt] = acc.prepare(net, adamw);
+        torch::manual_seed(1 + acc.process_index());
+        auto x = torch::randn({16, 8});
+        for (int i = 0; i < 3; ++i) {
+          acc.backward(model(x).pow(2).mean());
+          opt.step();
+          opt.zero_grad();
+        }
+        auto state = acc.get_state_dict(model);
+        const auto m = acc.memory_report();
+        if (acc.is_main_process()) {
+          std::vector<torch::Tensor> saved;
+          for (auto& [name, t] : state) saved.push_back(t.clone());
+          saved.push_back(torch::tensor({static_cast<int64_t>(m.peak_params), static_cast<int64_t>(m.peak_grads),
+                                         static_cast<int64_t>(m.grads)}));
+          torch::save(saved, out.string());
+        }
+      },
+      lo);
+}
+}  // namespace
+
+// fsdp's backward prefetch gathers the next unit while the current one runs backward: worth it
+// only where the backend overlaps the gather (gloo works on a thread of its own); shm finishes
+// its collectives inside the call, so there fsdp keeps one unit's parameters at a time, as
+// zero3 does. Either way the results are those of ddp.
+TEST(Units, FsdpPrefetchesOnlyWhereTheBackendOverlapsAndMatchesDdp) {
+  hasten::test::TempDir dir;
+  const auto path = [&](const std::string& tag) { return dir.path() / (tag + ".pt"); };
+  train_chain("ddp", "shm", path("ddp"));
+  train_chain("fsdp", "shm", path("fsdp-shm"));
+  train_chain("fsdp", "gloo", path("fsdp-gloo"));
+  train_chain("zero3", "gloo", path("zero3-gloo"));
+  std::map<std::string, std::vector<torch::Tensor>> r;
+  for (const char* tag : {"ddp", "fsdp-shm", "fsdp-gloo", "zero3-gloo"}) torch::load(r[tag], path(tag).string());
+  const size_t n = r["ddp"].size() - 1;  // the last tensor is the memory report
+  for (const char* tag : {"fsdp-shm", "fsdp-gloo", "zero3-gloo"}) {
+    ASSERT_EQ(r[tag].size(), n + 1) << tag;
+    for (size_t i = 0; i < n; ++i) EXPECT_TRUE(torch::equal(r[tag][i], r["ddp"][i])) << tag << ": parameter " << i;
+  }
+  const auto report = [&](const char* tag, int field) { return r[tag][n][field].item<int64_t>(); };
+  const int64_t fc1 = (8 * 32 + 32) * 4, fc2 = (32 * 64 + 64) * 4, fc3 = (64 * 4 + 4) * 4;
+  EXPECT_EQ(report("fsdp-shm", 0), fc2) << "shm: no prefetch, one unit's full parameters at a time";
+  EXPECT_EQ(report("fsdp-gloo", 0), fc2 + std::max(fc1, fc3)) << "gloo: the next unit gathers during backward";
+  EXPECT_EQ(report("zero3-gloo", 0), fc2) << "zero3 never prefetches";
+  // Gradients under shm: at rest this rank's shards (half of every unit); at the peak those plus
+  // the full gradients of one unit and their reduce-scatter output, never a second unit's.
+  const int64_t shards = report("fsdp-shm", 2);
+  EXPECT_EQ(shards, (fc1 + fc2 + fc3) / 2);
+  EXPECT_EQ(report("fsdp-shm", 1), shards + fc2 + fc2 / 2);
+}

@@ -6,20 +6,23 @@
 // sharding (a 64 MiB unit is 16,384 page faults per materialisation). The pool keeps buffers
 // the strategy gives back and hands them out again for a request of the same size.
 //
-// Bounded so that it never raises the peak: the buffers it holds idle plus those in use never
-// exceed the most that were in use at once (a fresh allocation first gives idle buffers back
-// to the allocator, oldest first, until it fits under that high-water mark). Between steps it
-// holds at most one step's working set (in stage 3, the parameters and gradients of the units
-// around the largest one); what a process peaks at is what it would without the pool.
-// Only buffers of at least kMinBytes are pooled: smaller ones come from the allocator's own
-// free lists without page faults. CPU buffers only: CUDA's caching allocator already keeps
-// freed blocks.
+// Bounded per size: of each buffer size it holds, idle and in use together, no more buffers
+// than were ever in use at once, so every step after the first finds what it needs and
+// faults nothing in. (An earlier bound on the bytes of all sizes together, the most ever in
+// use at once, made it evict the small units' buffers whenever the largest unit's parameters
+// and gradients filled that mark, and fault them in again every step: 8 fresh buffers a step
+// on mlp-large.) With units of one size (a transformer's layers) the bound is the step's
+// peak working set; with units of several sizes the idle buffers of the other sizes add to
+// the peak resident memory (docs/benchmarks.md measures it on mlp-large). Only buffers of at
+// least kMinBytes are pooled: smaller ones come from the allocator's own free lists without
+// page faults. CPU buffers only: CUDA's caching allocator already keeps freed blocks.
 #pragma once
 
 #include <c10/core/Allocator.h>
 
 #include <cstddef>
-#include <deque>
+#include <map>
+#include <vector>
 
 namespace hasten::sharded {
 
@@ -36,14 +39,12 @@ class BufferPool {
   size_t fresh() const { return fresh_; }
 
  private:
-  struct Entry {
-    c10::DataPtr buffer;
-    size_t nbytes;
+  struct Size {
+    std::vector<c10::DataPtr> idle;  // newest last: its pages are the likeliest to be warm in cache
+    size_t in_use = 0, most_in_use = 0;
   };
-  void trim();  // idle buffers back to the allocator, oldest first, down to the mark
-
-  std::deque<Entry> entries_;  // idle buffers, oldest first
-  size_t idle_ = 0, in_use_ = 0, high_water_ = 0, fresh_ = 0;
+  std::map<size_t, Size> sizes_;
+  size_t idle_ = 0, fresh_ = 0;
 };
 
 }  // namespace hasten::sharded

@@ -260,6 +260,7 @@ void ShardedStrategy::begin_gather(Unit& u) {
   u.staging = u.master.to(u.flat.device(), u.flat.scalar_type());
   DLTensor in = sdk::dl_view(u.staging), out = sdk::dl_view(u.flat);
   collective(host()->allgather(host(), &in, &out, nullptr, &u.gather_work), "parameter allgather");
+  u.gathers_in_call = u.gather_work == nullptr;
 }
 
 void ShardedStrategy::finish_gather(Unit& u) {
@@ -445,9 +446,11 @@ void ShardedStrategy::pre_backward(Model& m, uint32_t unit) {
   if (options_.stage == 3) {
     gather_now(u);
     if (options_.backward_prefetch) {
-      // The unit expected next in backward starts gathering while this one computes.
+      // The unit expected next in backward starts gathering while this one computes, unless
+      // the backend finished that unit's forward gather inside the call: then the gather
+      // would run here, overlapping nothing, and only keep two units' parameters alive.
       auto it = std::find(m.plan.begin(), m.plan.end(), unit);
-      if (it != m.plan.end() && ++it != m.plan.end()) begin_gather(m.units[*it]);
+      if (it != m.plan.end() && ++it != m.plan.end() && !m.units[*it].gathers_in_call) begin_gather(m.units[*it]);
     }
   }
   alloc_grads(u);
@@ -466,6 +469,7 @@ void ShardedStrategy::grad_ready(Model& m, uint32_t unit, size_t param) {
   if (m.sync) {
     u.ready = true;
     launch_ready(m);
+    finish_completed_reductions(m);
   }
 }
 
@@ -487,6 +491,18 @@ void ShardedStrategy::launch(Unit& u) {
   } else {
     DLTensor v = sdk::dl_view(u.flat_grad);
     collective(host()->allreduce(host(), &v, HASTEN_REDUCE_SUM, nullptr, &u.reduce_work), "gradient allreduce");
+  }
+}
+
+// Reductions the backend finished inside the call (no work came back: shm) are folded into
+// the shards at once, so that a unit's full gradients are freed before the next unit's
+// backward allocates its own; a reduction still in flight keeps its buffers until the next
+// pre-backward (caller holds m.mutex).
+void ShardedStrategy::finish_completed_reductions(Model& m) {
+  for (size_t i = 0; i < m.next; ++i) {
+    Unit& u = m.units[m.plan[i]];
+    if (u.reduce_work == nullptr && u.reduced.defined())
+      finish_reduction(u);
   }
 }
 
@@ -633,7 +649,7 @@ void ShardedStrategy::memory_report(hasten_memory_report& out) {
     for (auto& p : m->frozen) params += bytes_of(p);
     for (auto& u : m->units) {
       if (u.params.empty()) continue;
-      if (u.params_live) params += bytes_of(u.flat);
+      if (u.params_live || u.gathering) params += bytes_of(u.flat);  // a prefetch holds its buffer too
       if (u.staging.defined() && !u.staging.is_same(u.master)) shards += bytes_of(u.staging);
       shards += bytes_of(u.master);
       if (u.grads_live) grads += bytes_of(u.flat_grad);

@@ -87,6 +87,10 @@ class ShardedStrategy final : public sdk::Strategy {
     torch::Tensor staging;     // allgather input, only while a gather is in flight
     bool params_live = true, grads_live = true;
     bool gathering = false;    // an allgather into flat was issued and not yet finished
+    // The comm backend finished this unit's last allgather inside the call (it returned no
+    // work: shm runs collectives on the caller's thread). A prefetch of the unit would then
+    // overlap nothing and only hold its parameters longer, so backward does not prefetch it.
+    bool gathers_in_call = false;
     int users = 0;             // forwards under way
     int pending = 0;           // gradients not yet produced in this backward
     bool ready = false;
@@ -146,6 +150,7 @@ class ShardedStrategy final : public sdk::Strategy {
   void launch_ready(Model& m);
   void launch(Unit& u);
   void finish_reduction(Unit& u);
+  void finish_completed_reductions(Model& m);
   void pre_backward(Model& m, uint32_t unit);
 
   void collective(hasten_status st, const char* what);
