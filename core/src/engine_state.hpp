@@ -74,6 +74,9 @@ struct LoaderEntry {
 struct SchedulerEntry {
   std::function<void()> step_once;
   int64_t steps = 0;  // real steps taken (what a checkpoint stores)
+  // step() calls on accumulation micro-batches under adjust_scheduler: they count toward a
+  // bounded schedule's total_steps as Accelerate's bumped _step_count does (also stored).
+  int64_t adjustments = 0;
 };
 
 struct ActiveLoader {

@@ -89,6 +89,23 @@ int Engine::scheduler_steps_per_call() const {
   return s.process.world_size;
 }
 
+void Engine::scheduler_called(size_t index) {
+  const Impl& s = *impl_;
+  // AcceleratedScheduler.step: `if not sync_gradients: if adjust_scheduler: _step_count += 1`
+  // (a skipped optimizer step is not counted).
+  if (s.config.scheduler_steps_per_process && s.config.adjust_scheduler && s.config.step_scheduler_with_optimizer &&
+      !s.sync)
+    ++impl_->schedulers.at(index).adjustments;
+}
+
+bool Engine::scheduler_bounded() const {
+  const Impl& s = *impl_;
+  // The guard lives in AcceleratedScheduler's num_processes loop, which split_batches skips.
+  return s.config.scheduler_steps_per_process && s.config.step_scheduler_with_optimizer && !s.config.split_batches;
+}
+
+int64_t Engine::scheduler_adjustments(size_t index) const { return impl_->schedulers.at(index).adjustments; }
+
 bool Engine::scheduler_should_step() const {
   const Impl& s = *impl_;
   if (!s.config.step_scheduler_with_optimizer) return true;

@@ -14,9 +14,11 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "test_util.hpp"
 
@@ -287,6 +289,65 @@ TEST_P(Sync, SchedulerStepsPerProcessIsAcceleratesArithmetic) { scheduler_case(G
 TEST_P(Sync, SchedulerStepsPerProcessStepsOnceWithSplitBatches) { scheduler_case(GetParam(), true, true); }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, Sync, ::testing::Values("ddp", "zero2", "zero3"));
+
+namespace {
+
+// test_scheduler.py's one_cycle_test on 2 ranks, then Accelerate's loop (the scheduler's
+// step() on every micro-batch, accumulation 2) with a OneCycleLR of total_steps 6: last_step()
+// after each of 8 micro-batches. Accelerate's arithmetic steps it num_processes times per
+// optimizer step while 1 + steps (+ the micro-batches counted by adjust_scheduler) <= 6.
+void one_cycle_case(std::optional<bool> per_process, std::optional<bool> adjust, std::vector<int64_t> want) {
+  run_on_two([per_process, adjust, want] {
+    auto options = [&](int accumulation) {
+      Options o;
+      o.gradient_accumulation_steps = accumulation;
+      o.scheduler_steps_per_process = per_process;
+      o.adjust_scheduler = adjust;
+      return o;
+    };
+    {
+      Accelerator acc(options(1));
+      torch::nn::Linear net(2, 4);
+      torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(1.0));
+      hasten::schedulers::OneCycleLR sched(opt, 0.01, /*total_steps=*/2);  // steps_per_epoch 2, epochs 1
+      auto [model, popt, psched] = acc.prepare(net, opt, sched);
+      psched.step();
+      const int64_t expected = per_process.value_or(false) ? acc.num_processes() : 1;
+      check(sched.last_step() == expected, "one_cycle_test: last_step " + std::to_string(sched.last_step()));
+    }
+    Accelerator acc(options(2));
+    torch::nn::Linear net(2, 4);
+    torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(1.0));
+    hasten::schedulers::OneCycleLR sched(opt, 0.01, /*total_steps=*/6);
+    auto [model, popt, psched] = acc.prepare(net, opt, sched);
+    std::vector<int64_t> got;
+    for (int n = 0; n < 8; ++n) {
+      auto scope = acc.accumulate(model);
+      acc.backward(model(torch::ones({3, 2})).pow(2).sum());
+      popt.step();
+      psched.step();
+      popt.zero_grad();
+      got.push_back(sched.last_step());
+    }
+    std::ostringstream text;
+    for (auto k : got) text << k << ' ';
+    check(got == want, "last_step after each micro-batch: " + text.str());
+  });
+}
+
+}  // namespace
+
+TEST(SchedulerArithmetic, OneCycleOncePerOptimizerStepByDefault) {
+  one_cycle_case(std::nullopt, std::nullopt, {0, 1, 1, 2, 2, 3, 3, 4});
+}
+TEST(SchedulerArithmetic, OneCycleAccelerateWithAdjustScheduler) {
+  // micro-batch 2: 1+0+1, 1+1+1 <= 6; 4: 1+2+2, 1+3+2 <= 6; 6: 1+4+3 > 6, stopped.
+  one_cycle_case(true, std::nullopt, {0, 2, 2, 4, 4, 4, 4, 4});
+}
+TEST(SchedulerArithmetic, OneCycleAccelerateWithoutAdjustScheduler) {
+  // only steps count: 2, 4, then 1+4 and 1+5 <= 6, then stopped at 6.
+  one_cycle_case(true, false, {0, 2, 2, 4, 4, 6, 6, 6});
+}
 
 // test_dataloader_break: the gradient state follows the innermost loader, nested loops
 // included, and its end.
