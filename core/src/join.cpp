@@ -32,6 +32,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
 #include <unordered_set>
 
 #include "engine_state.hpp"
@@ -96,7 +97,14 @@ struct ShadowRound {
 };
 enum ShadowKind { kBackward = 0, kStep = 1, kClip = 2 };
 
-ShadowRound shadow_layout(int world, const std::vector<ModelEntry>& models, const std::vector<OptimizerEntry>& optimizers) {
+// Every slot -inf until set, so that the maximum is the ranks' value even when it is not
+// positive (a learning rate a schedule extrapolates below zero); flags are 1.
+torch::Tensor empty_round(const ShadowRound& L) {
+  return torch::full({L.size()}, -std::numeric_limits<double>::infinity(), torch::kDouble);
+}
+
+ShadowRound shadow_layout(int world, const std::vector<ModelEntry>& models,
+                          const std::vector<OptimizerEntry>& optimizers) {
   int64_t groups = 0;
   for (auto& e : optimizers) groups += static_cast<int64_t>(e.optimizer->param_groups().size());
   return {world, static_cast<int64_t>(models.size()), static_cast<int64_t>(optimizers.size()), groups};
@@ -149,7 +157,8 @@ void Engine::join_begin(const std::vector<size_t>& models, const JoinOptions& op
     // freed at rest (empty tensors between forwards).
     bool freed_at_rest = s.strategy->name() == "fsdp";
     for (size_t m : models)
-      for (auto& p : s.models[m].module->parameters()) freed_at_rest = freed_at_rest || (p.requires_grad() && p.numel() == 0);
+      for (auto& p : s.models[m].module->parameters())
+        freed_at_rest = freed_at_rest || (p.requires_grad() && p.numel() == 0);
     if (freed_at_rest)
       throw UsageError("join_uneven_inputs: with uneven inputs (even_batches false) a rank that ran out of batches "
                        "must answer the others' collectives, and strategy '" + s.strategy->name() +
@@ -225,7 +234,7 @@ void Engine::Impl::join_reduce_after_backward() {
 double Engine::Impl::join_round_before_backward(const torch::Tensor& loss) {
   if (!join_live || !join_sharded) return 1.0;
   const ShadowRound L = shadow_layout(process.world_size, models, optimizers);
-  auto v = torch::zeros({L.size()}, torch::kDouble);
+  torch::Tensor v = empty_round(L);
   bool any = false;
   // Every model this backward reduces, joined or not: the strategy reduces each one the loss
   // reaches while its sync is on, and a rank out of batches must answer all of them.
@@ -257,7 +266,7 @@ double Engine::Impl::join_round_before_backward(const torch::Tensor& loss) {
 void Engine::Impl::join_round_before_step(size_t optimizer) {
   if (!join_live || !join_sharded) return;
   const ShadowRound L = shadow_layout(process.world_size, models, optimizers);
-  auto v = torch::zeros({L.size()}, torch::kDouble);
+  torch::Tensor v = empty_round(L);
   v[process.rank] = 1;
   v[L.kind(kStep)] = 1;
   v[L.optimizer(optimizer)] = 1;
@@ -272,7 +281,7 @@ void Engine::Impl::join_round_before_step(size_t optimizer) {
 void Engine::Impl::join_round_before_clip(size_t model, double max_norm, double norm_type) {
   if (!join_live || !join_sharded) return;
   const ShadowRound L = shadow_layout(process.world_size, models, optimizers);
-  auto v = torch::zeros({L.size()}, torch::kDouble);
+  torch::Tensor v = empty_round(L);
   v[process.rank] = 1;
   v[L.kind(kClip)] = 1;
   v[L.model(model)] = 1;
@@ -287,7 +296,7 @@ void Engine::Impl::join_shadow() {
   Impl& s = *this;
   const ShadowRound L = shadow_layout(process.world_size, models, optimizers);
   for (;;) {
-    auto v = torch::zeros({L.size()}, torch::kDouble);
+    torch::Tensor v = empty_round(L);
     s.allreduce_(v, HASTEN_REDUCE_MAX);
     auto a = v.accessor<double, 1>();
     std::vector<int64_t> ranks;
@@ -302,7 +311,7 @@ void Engine::Impl::join_shadow() {
       // strategy reduces them with the others' in its own order.
       torch::Tensor loss;
       for (size_t m = 0; m < s.models.size(); ++m) {
-        if (a[L.model(m)] == 0) continue;
+        if (!(a[L.model(m)] > 0)) continue;
         for (auto& p : trained_params(s.models[m])) {
           auto term = (p * 0).sum();
           loss = loss.defined() ? loss + term : term;
@@ -314,7 +323,7 @@ void Engine::Impl::join_shadow() {
       s.strategy->after_backward();
     } else if (a[L.kind(kStep)] > 0) {
       for (size_t o = 0; o < s.optimizers.size(); ++o) {
-        if (a[L.optimizer(o)] == 0) continue;
+        if (!(a[L.optimizer(o)] > 0)) continue;
         const size_t g0 = first_group(optimizers, o);
         auto& groups = s.optimizers[o].optimizer->param_groups();
         for (size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(a[L.lr(g0 + g)]);
