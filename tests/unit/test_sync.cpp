@@ -1,8 +1,10 @@
 // Gradient synchronisation through the public API, on 2 ranks under ddp, zero2 and zero3:
 // hasten's own versions of the checks of Accelerate's test_utils/scripts/test_sync.py
 // (no_sync, trigger_sync_in_backward, accumulate with and without sync_each_batch, the
-// dataloader's end, the gradient state) and of its join tests (test_distributed_data_loop.py),
-// plus hasten's departures from Accelerate's arithmetic, each both ways.
+// dataloader's end, the gradient state) and of its join tests (test_distributed_data_loop.py;
+// under ddp, zero1 and zero2, zero3/fsdp refused), of test_scheduler.py (OneCycleLR, with and
+// without adjust_scheduler), plus hasten's departures from Accelerate's arithmetic, each both
+// ways.
 //
 // "In sync" is checked against a ground-truth model trained in one process on the batches of
 // both ranks gathered: its gradient (ddp: the prepared model's .grad, every element; every
