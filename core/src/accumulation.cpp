@@ -70,6 +70,7 @@ GradientState Engine::gradient_state() const {
   g.num_steps = s.config.gradient_accumulation_steps;
   g.sync_each_batch = s.config.sync_each_batch;
   g.sync_with_dataloader = s.config.sync_with_dataloader;
+  g.adjust_scheduler = s.config.adjust_scheduler && s.config.scheduler_steps_per_process;
   if (const ActiveLoader* a = s.innermost()) {
     g.in_dataloader = true;
     g.active_dataloader = static_cast<int64_t>(a->id);

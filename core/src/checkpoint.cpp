@@ -288,7 +288,11 @@ std::string Engine::save_state(const std::string& requested) {
                          {"world_size", world}});
     }
     json schedulers = json::array();
-    for (auto& sc : s.schedulers) schedulers.push_back(sc.steps);
+    json adjustments = json::array();  // adjust_scheduler's micro-batch counts (bounded schedules)
+    for (auto& sc : s.schedulers) {
+      schedulers.push_back(sc.steps);
+      adjustments.push_back(sc.adjustments);
+    }
     json custom = json::array();
     for (auto& o : s.checkpoint_objects) custom.push_back(o.save_tensors ? "tensors" : "bytes");
     json types = json::array();  // loading into another optimizer type must be refused
@@ -305,6 +309,7 @@ std::string Engine::save_state(const std::string& requested) {
                   {"models", s.models.size()},
                   {"optimizers", {{"count", s.optimizers.size()}, {"layouts", optimizer_layouts}, {"lr", lrs}, {"types", types}}},
                   {"schedulers", schedulers},
+                  {"scheduler_adjustments", adjustments},
                   {"loaders", loaders},
                   {"accumulation", {{"step", s.accum_step}, {"window", s.window}}},
                   {"custom", custom}};
@@ -689,6 +694,8 @@ std::string Engine::load_state(const std::string& requested) try {
       const int64_t saved = state["schedulers"][k].get<int64_t>();
       SchedulerEntry& sc = s.schedulers[k];
       for (; sc.steps < saved; ++sc.steps) sc.step_once();
+      // Absent from checkpoints written before adjust_scheduler existed: none were counted.
+      if (state.contains("scheduler_adjustments")) sc.adjustments = state["scheduler_adjustments"].at(k).get<int64_t>();
     }
     for (size_t i = 0; i < s.optimizers.size(); ++i) {
       if (state["optimizers"]["layouts"].at(i).get<std::string>() != "portable") continue;

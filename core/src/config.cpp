@@ -214,6 +214,15 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
   c.sync_with_dataloader = merged["sync_with_dataloader"].get<bool>();
   c.short_window_loss_division = get_str(merged, "short_window_loss_division");
   c.scheduler_steps_per_process = merged["scheduler_steps_per_process"].get<bool>();
+  c.adjust_scheduler = merged["adjust_scheduler"].get<bool>();
+  // adjust_scheduler bumps the step count Accelerate's AcceleratedScheduler bounds a schedule
+  // with; hasten's own schedule (once per optimizer step) has no such bound, so the key would
+  // do nothing there: refused rather than silently ignored.
+  if (was_set("adjust_scheduler") && !c.scheduler_steps_per_process)
+    throw ConfigError("config error: adjust_scheduler (" + where("adjust_scheduler") +
+                      ") applies only with scheduler_steps_per_process: true (Accelerate's scheduler arithmetic, "
+                      "whose step bound it adjusts); hasten's default schedule steps once per optimizer step and "
+                      "has no bound to adjust: set scheduler_steps_per_process: true, or remove adjust_scheduler");
   c.pad_out_of_range_dim = get_str(merged, "pad_out_of_range_dim");
   c.num_cpu_threads_per_process = merged["num_cpu_threads_per_process"].get<int>();
   c.max_restarts = merged["max_restarts"].get<int>();

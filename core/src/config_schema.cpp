@@ -112,6 +112,10 @@ const Schema& core_schema() {
       {"scheduler_steps_per_process", T::Bool, false, {}, {}, {},
        "A prepared scheduler steps num_processes times per optimizer step unless split_batches (Accelerate's "
        "AcceleratedScheduler); false: once"},
+      {"adjust_scheduler", T::Bool, true, {}, {}, {},
+       "With scheduler_steps_per_process: a prepared scheduler's step() on an accumulation micro-batch counts "
+       "toward a bounded schedule's total_steps, as Accelerate's GradientAccumulationPlugin adjust_scheduler "
+       "(needs scheduler_steps_per_process: true)"},
       {"pad_out_of_range_dim", T::Enum, "error", {"error", "unchanged"}, {}, {},
        "pad_across_processes with a dim outside the tensor: error, or unchanged (returns the tensor, Accelerate's)"},
       {"num_cpu_threads_per_process", T::Int, 0, {}, 0.0, {}, "Intra-op threads per worker (0: cores / local workers)"},

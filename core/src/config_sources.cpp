@@ -216,6 +216,7 @@ Layer code_layer(const Options& o) {
   if (o.sync_with_dataloader) put("sync_with_dataloader", *o.sync_with_dataloader);
   if (o.short_window_loss_division) put("short_window_loss_division", *o.short_window_loss_division);
   if (o.scheduler_steps_per_process) put("scheduler_steps_per_process", *o.scheduler_steps_per_process);
+  if (o.adjust_scheduler) put("adjust_scheduler", *o.adjust_scheduler);
   if (o.pad_out_of_range_dim) put("pad_out_of_range_dim", *o.pad_out_of_range_dim);
   for (auto& [key, text] : o.set) {
     const json value = yaml_text_to_json(text, where + " (" + key + ")");

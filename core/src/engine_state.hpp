@@ -60,6 +60,7 @@ struct OptimizerEntry {
   std::shared_ptr<void> owner;
   bool last_skipped = false;
   std::vector<size_t> models;  // the prepared models whose parameters it steps
+  bool join_zeroed = false;    // zero_grad() since the last join round (join.cpp, sharded)
 };
 
 struct LoaderEntry {
@@ -74,6 +75,9 @@ struct LoaderEntry {
 struct SchedulerEntry {
   std::function<void()> step_once;
   int64_t steps = 0;  // real steps taken (what a checkpoint stores)
+  // step() calls on accumulation micro-batches under adjust_scheduler: they count toward a
+  // bounded schedule's total_steps as Accelerate's bumped _step_count does (also stored).
+  int64_t adjustments = 0;
 };
 
 struct ActiveLoader {
@@ -132,6 +136,9 @@ struct Engine::Impl {
   JoinOptions join_options;
   std::optional<bool> join_even_batches;  // the override for epochs begun inside the scope
   std::vector<int64_t> join_last_partial;  // the active ranks of the last round some had left
+  // Under a sharding strategy (zero stages 1 and 2) the strategy keeps reducing; a rank out of
+  // batches shadows the others' backwards, optimizer steps and clipping instead (join.cpp).
+  bool join_sharded = false;
 
   // Whether backward reduces this model's gradients now; tells the strategy when it changes.
   bool wants_gradient_sync(const ModelEntry& e) const;
@@ -139,6 +146,16 @@ struct Engine::Impl {
   // join.cpp: after a backward inside a live join scope, reduces the joined models' gradients
   // with the ranks that still train (the ranks that left answer with zeros).
   void join_reduce_after_backward();
+  // join.cpp, sharded: the rounds that tell ranks out of batches what to shadow. Before a
+  // reducing backward (returns the factor the loss is multiplied by: 1, or world / ranks
+  // training without divide_by_initial_world_size), before an optimizer step, before clipping.
+  double join_round_before_backward(const torch::Tensor& loss);
+  void join_round_before_step(size_t optimizer);
+  void join_round_before_clip(size_t model, double max_norm, double norm_type);
+  // join_end under zero1/zero2: a rank out of batches shadows those rounds until none trains.
+  void join_shadow();
+  // One real optimizer step through the precision plugin and the strategy (step.cpp).
+  void step_optimizer(OptimizerEntry& e);
 
   const ActiveLoader* innermost() const { return active.empty() ? nullptr : &active.back(); }
   bool end_of_dataloader() const {

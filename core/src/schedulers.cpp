@@ -4,6 +4,10 @@
 #include <hasten/schedulers.hpp>
 
 #include <c10/util/Exception.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -169,6 +173,112 @@ LambdaLR make(const std::string& name, torch::optim::Optimizer& optimizer, int64
   const std::string near = detail::nearest(name, known);
   if (!near.empty()) msg += "; did you mean '" + near + "'?";
   throw Error(msg + " (known: " + detail::join(known, ", ") + ")");
+}
+
+}  // namespace hasten::schedulers
+
+// ---- OneCycleLR ---------------------------------------------------------------------------
+
+namespace hasten::schedulers {
+
+namespace {
+
+// The momentum a param group's options carry under cycle_momentum, as PyTorch picks it:
+// beta1 of an optimizer with betas, else its momentum. nullptr: neither.
+double* momentum_of(torch::optim::OptimizerOptions& o) {
+  if (auto* a = dynamic_cast<torch::optim::AdamWOptions*>(&o)) return &std::get<0>(a->betas());
+  if (auto* a = dynamic_cast<torch::optim::AdamOptions*>(&o)) return &std::get<0>(a->betas());
+  if (auto* a = dynamic_cast<torch::optim::SGDOptions*>(&o)) return &a->momentum();
+  if (auto* a = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) return &a->momentum();
+  return nullptr;
+}
+
+}  // namespace
+
+OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, double max_lr, int64_t total_steps, OneCycleOptions options)
+    : OneCycleLR(optimizer, std::vector<double>(optimizer.param_groups().size(), max_lr), total_steps,
+                 std::move(options)) {}
+
+OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, std::vector<double> max_lrs, int64_t total_steps,
+                       OneCycleOptions options)
+    : torch::optim::LRScheduler(optimizer), target_(optimizer), total_steps_(total_steps), options_(std::move(options)) {
+  step_count_ = 0;  // LibTorch 1.13 starts at 0; later releases leave it uninitialised
+  if (total_steps <= 0)
+    throw Error("OneCycleLR: total_steps (" + std::to_string(total_steps) + ") must be a positive integer");
+  if (!(options_.pct_start >= 0 && options_.pct_start <= 1))
+    throw Error("OneCycleLR: pct_start (" + num(options_.pct_start) + ") must be between 0 and 1");
+  if (options_.anneal_strategy != "cos" && options_.anneal_strategy != "linear")
+    throw Error("OneCycleLR: anneal_strategy '" + options_.anneal_strategy + "' is not one of cos, linear");
+  auto& groups = target_.param_groups();
+  if (max_lrs.size() != groups.size())
+    throw Error("OneCycleLR: " + std::to_string(max_lrs.size()) + " max_lr values for " +
+                std::to_string(groups.size()) + " param groups; give one, or one per group");
+  if (options_.cycle_momentum)
+    for (auto& g : groups)
+      if (!momentum_of(g.options()))
+        throw Error("OneCycleLR: cycle_momentum needs an optimizer with betas (Adam, AdamW) or momentum (SGD, "
+                    "RMSprop); set cycle_momentum = false for this one");
+  const double T = static_cast<double>(total_steps);
+  if (options_.three_phase)
+    phases_ = {{options_.pct_start * T - 1, 0, 1, 1, 0},
+               {2 * options_.pct_start * T - 2, 1, 0, 0, 1},
+               {T - 1, 0, 2, 1, 1}};
+  else
+    phases_ = {{options_.pct_start * T - 1, 0, 1, 1, 0}, {T - 1, 1, 2, 0, 1}};
+  for (double max : max_lrs) {
+    const double initial = max / options_.div_factor;
+    group_lrs_.push_back({initial, max, initial / options_.final_div_factor});
+  }
+  // PyTorch's scheduler steps once when built: step 0's values hold for the first step.
+  last_lr_ = apply_at(0);
+  for (size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(last_lr_[i]);
+}
+
+std::vector<double> OneCycleLR::apply_at(int64_t step) {
+  auto& groups = target_.param_groups();
+  if (groups.size() != group_lrs_.size())
+    throw Error("OneCycleLR: the optimizer has " + std::to_string(groups.size()) + " param groups, " +
+                std::to_string(group_lrs_.size()) + " when the scheduler was built; build the scheduler after "
+                "add_param_group");
+  auto anneal = [&](double start, double end, double pct) {
+    if (options_.anneal_strategy == "linear") return (end - start) * pct + start;
+    return end + (start - end) / 2.0 * (std::cos(kPi * pct) + 1);
+  };
+  const double momentum[2] = {options_.base_momentum, options_.max_momentum};
+  const double s = static_cast<double>(step);
+  std::vector<double> lrs;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    double start = 0;
+    for (size_t i = 0; i < phases_.size(); ++i) {
+      const Phase& p = phases_[i];
+      if (s <= p.end_step || i + 1 == phases_.size()) {
+        // PyTorch divides by the phase's length: one of no length fails there (a division by
+        // zero), here with a line naming it.
+        if (p.end_step == start)
+          throw Error("OneCycleLR: step " + std::to_string(step) + " falls in phase " + std::to_string(i + 1) +
+                      " of the schedule, which has no steps (pct_start " + num(options_.pct_start) + ", total_steps " +
+                      std::to_string(total_steps_) + ")");
+        const double pct = (s - start) / (p.end_step - start);
+        lrs.push_back(anneal(group_lrs_[g][p.start_lr], group_lrs_[g][p.end_lr], pct));
+        if (options_.cycle_momentum) {
+          double* m = momentum_of(groups[g].options());
+          if (m) *m = anneal(momentum[p.start_momentum], momentum[p.end_momentum], pct);
+        }
+        break;
+      }
+      start = p.end_step;
+    }
+  }
+  return lrs;
+}
+
+std::vector<double> OneCycleLR::get_lrs() {
+  const int64_t next = static_cast<int64_t>(step_count_) + 1;
+  if (next > total_steps_)
+    throw Error("OneCycleLR: tried to step " + std::to_string(next) + " times; the specified number of total steps is " +
+                std::to_string(total_steps_));
+  last_lr_ = apply_at(next);
+  return last_lr_;
 }
 
 }  // namespace hasten::schedulers

@@ -48,19 +48,26 @@ void Engine::optimizer_step(size_t index) {
   Impl& s = *impl_;
   if (!s.sync) return;  // an accumulation micro-batch
   OptimizerEntry& e = s.optimizers.at(index);
-  const bool skip = s.precision->before_step(*e.optimizer);
+  s.join_round_before_step(index);  // inside join_uneven_inputs under zero1/zero2 (join.cpp)
+  s.step_optimizer(e);
+}
+
+void Engine::Impl::step_optimizer(OptimizerEntry& e) {
+  const bool skip = precision->before_step(*e.optimizer);
   if (!skip) {
-    s.strategy->before_optimizer_step(*e.optimizer);
+    strategy->before_optimizer_step(*e.optimizer);
     e.optimizer->step();
-    s.strategy->after_optimizer_step(*e.optimizer);
+    strategy->after_optimizer_step(*e.optimizer);
   }
-  s.precision->after_step(*e.optimizer, skip);
+  precision->after_step(*e.optimizer, skip);
   e.last_skipped = skip;
 }
 
 void Engine::optimizer_zero_grad(size_t index) {
   if (!impl_->sync) return;
-  compat::zero_grad_in_place(*impl_->optimizers.at(index).optimizer);
+  OptimizerEntry& e = impl_->optimizers.at(index);
+  compat::zero_grad_in_place(*e.optimizer);
+  e.join_zeroed = true;  // ranks out of batches zero theirs at the next join round (join.cpp)
 }
 
 bool Engine::optimizer_step_was_skipped(size_t index) const {
@@ -89,6 +96,23 @@ int Engine::scheduler_steps_per_call() const {
   return s.process.world_size;
 }
 
+void Engine::scheduler_called(size_t index) {
+  const Impl& s = *impl_;
+  // AcceleratedScheduler.step: `if not sync_gradients: if adjust_scheduler: _step_count += 1`
+  // (a skipped optimizer step is not counted).
+  if (s.config.scheduler_steps_per_process && s.config.adjust_scheduler && s.config.step_scheduler_with_optimizer &&
+      !s.sync)
+    ++impl_->schedulers.at(index).adjustments;
+}
+
+bool Engine::scheduler_bounded() const {
+  const Impl& s = *impl_;
+  // The guard lives in AcceleratedScheduler's num_processes loop, which split_batches skips.
+  return s.config.scheduler_steps_per_process && s.config.step_scheduler_with_optimizer && !s.config.split_batches;
+}
+
+int64_t Engine::scheduler_adjustments(size_t index) const { return impl_->schedulers.at(index).adjustments; }
+
 bool Engine::scheduler_should_step() const {
   const Impl& s = *impl_;
   if (!s.config.step_scheduler_with_optimizer) return true;
@@ -112,6 +136,9 @@ void Engine::backward(const torch::Tensor& loss, bool retain_graph) {
   // window (short_window_loss_division: steps, Accelerate's arithmetic).
   const int64_t divisor = s.config.short_window_loss_division == "steps" ? s.config.gradient_accumulation_steps : s.window;
   if (s.accumulate_depth > 0 && divisor > 1) l = l / static_cast<double>(divisor);
+  // Inside join_uneven_inputs under zero1/zero2: tells the ranks out of batches to shadow
+  // this backward (join.cpp).
+  if (const double join_factor = s.join_round_before_backward(l); join_factor != 1.0) l = l * join_factor;
   s.precision->scale_loss(l);
   s.strategy->before_backward();
   l.backward({}, retain_graph);
@@ -123,7 +150,10 @@ double Engine::clip_grad_norm(size_t model, double max_norm, double norm_type) {
   Impl& s = *impl_;
   unscale_gradients();
   ModelEntry& e = s.models.at(model);
-  if (s.strategy->has_clip_grad_norm()) return s.strategy->clip_grad_norm(*e.module, max_norm, norm_type);
+  if (s.strategy->has_clip_grad_norm()) {
+    s.join_round_before_clip(model, max_norm, norm_type);  // the norm is a collective over shards
+    return s.strategy->clip_grad_norm(*e.module, max_norm, norm_type);
+  }
   return torch::nn::utils::clip_grad_norm_(e.module->parameters(), max_norm, norm_type);
 }
 

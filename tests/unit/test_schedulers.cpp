@@ -13,7 +13,9 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "test_util.hpp"
@@ -71,6 +73,55 @@ double polynomial(int64_t current_step, int64_t num_warmup_steps, int64_t num_tr
   const double decay = lr_range * std::pow(pct_remaining, power) + lr_end;
   return decay / lr_init;
 }
+
+// torch/optim/lr_scheduler.py (1.13) OneCycleLR: __init__'s phases and get_lr, for one
+// group; returns {lr, momentum} at step_num.
+struct OneCycleRef {
+  double max_lr;
+  int64_t total_steps;
+  double pct_start = 0.3;
+  bool cos = true;
+  bool three_phase = false;
+  double base_momentum = 0.85, max_momentum = 0.95, div_factor = 25., final_div_factor = 1e4;
+
+  std::pair<double, double> at(int64_t step_num) const {
+    struct Phase {
+      double end_step;
+      const char *start_lr, *end_lr, *start_momentum, *end_momentum;
+    };
+    std::vector<Phase> phases;
+    if (three_phase)
+      phases = {{pct_start * total_steps - 1, "initial_lr", "max_lr", "max_momentum", "base_momentum"},
+                {2 * pct_start * total_steps - 2, "max_lr", "initial_lr", "base_momentum", "max_momentum"},
+                {double(total_steps - 1), "initial_lr", "min_lr", "max_momentum", "max_momentum"}};
+    else
+      phases = {{pct_start * total_steps - 1, "initial_lr", "max_lr", "max_momentum", "base_momentum"},
+                {double(total_steps - 1), "max_lr", "min_lr", "base_momentum", "max_momentum"}};
+    const double initial_lr = max_lr / div_factor;
+    auto group = [&](const std::string& key) {
+      if (key == "initial_lr") return initial_lr;
+      if (key == "max_lr") return max_lr;
+      if (key == "min_lr") return initial_lr / final_div_factor;
+      if (key == "max_momentum") return max_momentum;
+      return base_momentum;
+    };
+    auto anneal = [&](double start, double end, double pct) {
+      if (cos) return end + (start - end) / 2.0 * (std::cos(pi * pct) + 1);
+      return (end - start) * pct + start;
+    };
+    double start_step = 0;
+    for (size_t i = 0; i < phases.size(); ++i) {
+      const double end_step = phases[i].end_step;
+      if (step_num <= end_step || i == phases.size() - 1) {
+        const double pct = (step_num - start_step) / (end_step - start_step);
+        return {anneal(group(phases[i].start_lr), group(phases[i].end_lr), pct),
+                anneal(group(phases[i].start_momentum), group(phases[i].end_momentum), pct)};
+      }
+      start_step = phases[i].end_step;
+    }
+    return {0, 0};
+  }
+};
 
 }  // namespace ref
 
@@ -377,4 +428,206 @@ TEST(Schedulers, CheckpointResumesTheSchedule) {
   EXPECT_EQ(resumed.sched.last_step(), 6);
   EXPECT_DOUBLE_EQ(resumed.t.lrs()[0], kLrA * PreparedRun::factor(6));
   EXPECT_EQ(resumed.t.lrs(), uninterrupted);
+}
+
+// ---- OneCycleLR ---------------------------------------------------------------------------
+
+namespace {
+
+double beta1(const torch::optim::Optimizer& opt, size_t group) {
+  return std::get<0>(static_cast<const torch::optim::AdamWOptions&>(opt.param_groups()[group].options()).betas());
+}
+
+// Steps a OneCycleLR over two AdamW groups (max_lr 0.1 and 0.02) to total_steps and checks
+// every lr and beta1 against the transcription, then that one more step is refused.
+void one_cycle_follows(ref::OneCycleRef want, S::OneCycleOptions options) {
+  TwoGroups t("adamw");
+  S::OneCycleLR sched(*t.opt, std::vector<double>{kLrA, kLrB}, want.total_steps, options);
+  ref::OneCycleRef want_b = want;
+  want_b.max_lr = kLrB;
+  want.max_lr = kLrA;
+  for (int64_t k = 0; k <= want.total_steps; ++k) {
+    EXPECT_EQ(sched.last_step(), k);
+    EXPECT_DOUBLE_EQ(t.lrs()[0], want.at(k).first) << "group 0 after " << k << " steps";
+    EXPECT_DOUBLE_EQ(t.lrs()[1], want_b.at(k).first) << "group 1 after " << k << " steps";
+    EXPECT_DOUBLE_EQ(beta1(*t.opt, 0), want.at(k).second) << "beta1 after " << k << " steps";
+    EXPECT_EQ(sched.get_last_lr(), t.lrs());
+    if (k < want.total_steps) sched.step();
+  }
+  EXPECT_EQ(error_of([&] { sched.step(); }),
+            "OneCycleLR: tried to step " + std::to_string(want.total_steps + 1) +
+                " times; the specified number of total steps is " + std::to_string(want.total_steps));
+  EXPECT_EQ(sched.last_step(), want.total_steps);  // the refused step changed nothing
+}
+
+}  // namespace
+
+TEST(Schedulers, OneCycleFollowsPyTorchCosine) { one_cycle_follows({0, 10}, {}); }
+
+TEST(Schedulers, OneCycleFollowsPyTorchLinearThreePhase) {
+  S::OneCycleOptions o;
+  o.anneal_strategy = "linear";
+  o.three_phase = true;
+  o.pct_start = 0.25;
+  ref::OneCycleRef want{0, 12, 0.25, false, true};
+  one_cycle_follows(want, o);
+}
+
+TEST(Schedulers, OneCycleByHand) {
+  // Linear, max_lr 1, total 10: from 1/25 up to 1 at step 2 (0.3 * 10 - 1), then down to
+  // 1/25/1e4 at step 9; SGD's momentum goes the other way, 0.95 -> 0.85 -> 0.95.
+  torch::nn::Linear net(2, 1);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.5));
+  S::OneCycleOptions o;
+  o.anneal_strategy = "linear";
+  S::OneCycleLR sched(sgd, 1.0, 10, o);
+  auto momentum = [&] { return static_cast<torch::optim::SGDOptions&>(sgd.param_groups()[0].options()).momentum(); };
+  EXPECT_DOUBLE_EQ(sgd.param_groups()[0].options().get_lr(), 0.04);
+  EXPECT_DOUBLE_EQ(momentum(), 0.95);
+  sched.step();
+  EXPECT_DOUBLE_EQ(sgd.param_groups()[0].options().get_lr(), 0.52);
+  EXPECT_DOUBLE_EQ(momentum(), 0.90);
+  sched.step();
+  EXPECT_DOUBLE_EQ(sgd.param_groups()[0].options().get_lr(), 1.0);
+  EXPECT_DOUBLE_EQ(momentum(), 0.85);
+  for (int k = 2; k < 9; ++k) sched.step();
+  EXPECT_NEAR(sgd.param_groups()[0].options().get_lr(), 4e-6, 1e-15);
+  EXPECT_DOUBLE_EQ(momentum(), 0.95);
+}
+
+TEST(Schedulers, OneCycleMisuseIsOneLine) {
+  TwoGroups t("adamw");
+  torch::nn::Linear net(2, 1);
+  torch::optim::Adagrad adagrad(net->parameters(), torch::optim::AdagradOptions(0.1));
+  S::OneCycleOptions bad_pct;
+  bad_pct.pct_start = 1.5;
+  S::OneCycleOptions bad_anneal;
+  bad_anneal.anneal_strategy = "cosine";
+  S::OneCycleOptions no_momentum;
+  no_momentum.cycle_momentum = false;
+  EXPECT_EQ(error_of([&] { S::OneCycleLR(*t.opt, 0.1, 0); }),
+            "OneCycleLR: total_steps (0) must be a positive integer");
+  EXPECT_EQ(error_of([&] { S::OneCycleLR(*t.opt, 0.1, 10, bad_pct); }),
+            "OneCycleLR: pct_start (1.5) must be between 0 and 1");
+  EXPECT_EQ(error_of([&] { S::OneCycleLR(*t.opt, 0.1, 10, bad_anneal); }),
+            "OneCycleLR: anneal_strategy 'cosine' is not one of cos, linear");
+  EXPECT_EQ(error_of([&] { S::OneCycleLR(*t.opt, std::vector<double>{0.1, 0.2, 0.3}, 10); }),
+            "OneCycleLR: 3 max_lr values for 2 param groups; give one, or one per group");
+  EXPECT_EQ(error_of([&] { S::OneCycleLR(adagrad, 0.1, 10); }),
+            "OneCycleLR: cycle_momentum needs an optimizer with betas (Adam, AdamW) or momentum (SGD, RMSprop); set "
+            "cycle_momentum = false for this one");
+  S::OneCycleLR plain(adagrad, 0.1, 10, no_momentum);  // without momentum cycling any optimizer will do
+  EXPECT_DOUBLE_EQ(adagrad.param_groups()[0].options().get_lr(), 0.1 / 25);
+  EXPECT_EQ(t.lrs(), (std::vector<double>{kLrA, kLrB}));  // refused schedules left the lrs alone
+}
+
+// ---- OneCycleLR prepared: Accelerate's bound and adjust_scheduler ---------------------------
+
+namespace {
+
+// One process, accumulation 2, a OneCycleLR of total_steps 4 whose prepared step() is called
+// on every micro-batch (Accelerate's loop). Returns last_step() after each of `micro` micro-
+// batches, stopping at the first error (its message in *error).
+struct OneCycleRun {
+  explicit OneCycleRun(const fs::path& project, std::optional<bool> per_process, std::optional<bool> adjust)
+      : acc(options(project, per_process, adjust)), sched(*t.opt, std::vector<double>{kLrA, kLrB}, 4) {
+    auto [m, o, s] = acc.prepare(t.net, *t.opt, sched);
+    model = std::make_unique<hasten::PreparedModel<torch::nn::Linear>>(m);
+    opt = std::make_unique<hasten::PreparedOptimizer>(o);
+    prepared = std::make_unique<hasten::PreparedScheduler<S::OneCycleLR>>(s);
+  }
+  static Options options(const fs::path& project, std::optional<bool> per_process, std::optional<bool> adjust) {
+    Options o = isolated(project);
+    o.scheduler_steps_per_process = per_process;
+    o.adjust_scheduler = adjust;
+    return o;
+  }
+  std::vector<int64_t> run(int micro, std::string* error = nullptr) {
+    std::vector<int64_t> steps;
+    for (int n = 0; n < micro; ++n) {
+      auto scope = acc.accumulate(*model);
+      acc.backward((*model)(torch::ones({3, 4})).pow(2).sum());
+      opt->step();
+      try {
+        prepared->step();
+      } catch (const hasten::Error& e) {
+        if (error) *error = e.what();
+        break;
+      }
+      opt->zero_grad();
+      steps.push_back(sched.last_step());
+      // The lrs are the schedule's at that step (a bound stops it, it does not skew it).
+      EXPECT_DOUBLE_EQ(t.lrs()[0], (ref::OneCycleRef{kLrA, 4}.at(sched.last_step()).first));
+    }
+    return steps;
+  }
+
+  Accelerator acc;
+  TwoGroups t{"adamw"};
+  S::OneCycleLR sched;
+  std::unique_ptr<hasten::PreparedModel<torch::nn::Linear>> model;
+  std::unique_ptr<hasten::PreparedOptimizer> opt;
+  std::unique_ptr<hasten::PreparedScheduler<S::OneCycleLR>> prepared;
+};
+
+}  // namespace
+
+TEST(Schedulers, OneCycleHastenDefaultStepsPerOptimizerStepPastTotalIsAnError) {
+  hasten::test::TempDir dir;
+  OneCycleRun r(dir.path(), std::nullopt, std::nullopt);
+  EXPECT_FALSE(r.acc.gradient_state().adjust_scheduler);
+  std::string error;
+  EXPECT_EQ(r.run(10, &error), (std::vector<int64_t>{0, 1, 1, 2, 2, 3, 3, 4, 4}));
+  EXPECT_EQ(error, "OneCycleLR: tried to step 5 times; the specified number of total steps is 4");
+}
+
+// Accelerate's AcceleratedScheduler steps a schedule with total_steps only while its
+// _step_count (1 + steps + adjust_scheduler's micro-batches) <= total_steps. With
+// adjust_scheduler (Accelerate's default) each accumulation micro-batch counts, so the
+// k-th optimizer step (micro-batch 2k) steps only while 2k <= 4: the schedule stops at 2.
+TEST(Schedulers, OneCycleAccelerateArithmeticWithAdjustSchedulerCountsMicroBatches) {
+  hasten::test::TempDir dir;
+  OneCycleRun r(dir.path(), true, std::nullopt);
+  EXPECT_TRUE(r.acc.gradient_state().adjust_scheduler);
+  EXPECT_EQ(r.run(10), (std::vector<int64_t>{0, 1, 1, 2, 2, 2, 2, 2, 2, 2}));
+}
+
+// adjust_scheduler false: only real steps count; the bound stops the schedule at total_steps
+// instead of the error of stepping past it.
+TEST(Schedulers, OneCycleAccelerateArithmeticWithoutAdjustSchedulerStopsAtTotal) {
+  hasten::test::TempDir dir;
+  OneCycleRun r(dir.path(), true, false);
+  EXPECT_FALSE(r.acc.gradient_state().adjust_scheduler);
+  EXPECT_EQ(r.run(10), (std::vector<int64_t>{0, 1, 1, 2, 2, 3, 3, 4, 4, 4}));
+}
+
+// A checkpoint keeps the micro-batches adjust_scheduler counted: resumed after 3 micro-batches
+// (1 step, 2 counted), the schedule stops where the uninterrupted run's does (without them,
+// micro-batch 6 would step to 3).
+TEST(Schedulers, OneCycleCheckpointKeepsAdjustSchedulersCount) {
+  hasten::test::TempDir dir;
+  const std::string ckpt = (dir.path() / "ckpt").string();
+  {
+    OneCycleRun r(dir.path(), true, std::nullopt);
+    EXPECT_EQ(r.run(3), (std::vector<int64_t>{0, 1, 1}));
+    r.acc.save_state(ckpt);
+  }
+  OneCycleRun resumed(dir.path(), true, std::nullopt);
+  resumed.acc.load_state(ckpt);
+  EXPECT_EQ(resumed.sched.last_step(), 1);
+  EXPECT_EQ(resumed.run(7), (std::vector<int64_t>{2, 2, 2, 2, 2, 2, 2}));
+}
+
+TEST(Schedulers, AdjustSchedulerWithoutAccelerateArithmeticIsRefused) {
+  hasten::test::TempDir dir;
+  try {
+    OneCycleRun r(dir.path(), std::nullopt, false);
+    FAIL() << "adjust_scheduler without scheduler_steps_per_process was accepted";
+  } catch (const hasten::ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "config error: adjust_scheduler (code) applies only with "
+              "scheduler_steps_per_process: true (Accelerate's scheduler arithmetic, whose step bound it adjusts); "
+              "hasten's default schedule steps once per optimizer step and has no bound to adjust: set "
+              "scheduler_steps_per_process: true, or remove adjust_scheduler");
+  }
 }

@@ -1,8 +1,10 @@
 // Gradient synchronisation through the public API, on 2 ranks under ddp, zero2 and zero3:
 // hasten's own versions of the checks of Accelerate's test_utils/scripts/test_sync.py
 // (no_sync, trigger_sync_in_backward, accumulate with and without sync_each_batch, the
-// dataloader's end, the gradient state) and of its join tests (test_distributed_data_loop.py),
-// plus hasten's departures from Accelerate's arithmetic, each both ways.
+// dataloader's end, the gradient state) and of its join tests (test_distributed_data_loop.py;
+// under ddp, zero1 and zero2, zero3/fsdp refused), of test_scheduler.py (OneCycleLR, with and
+// without adjust_scheduler), plus hasten's departures from Accelerate's arithmetic, each both
+// ways.
 //
 // "In sync" is checked against a ground-truth model trained in one process on the batches of
 // both ranks gathered: its gradient (ddp: the prepared model's .grad, every element; every
@@ -14,9 +16,11 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "test_util.hpp"
 
@@ -281,6 +285,65 @@ TEST_P(Sync, SchedulerStepsPerProcessStepsOnceWithSplitBatches) { scheduler_case
 
 INSTANTIATE_TEST_SUITE_P(Strategies, Sync, ::testing::Values("ddp", "zero2", "zero3"));
 
+namespace {
+
+// test_scheduler.py's one_cycle_test on 2 ranks, then Accelerate's loop (the scheduler's
+// step() on every micro-batch, accumulation 2) with a OneCycleLR of total_steps 6: last_step()
+// after each of 8 micro-batches. Accelerate's arithmetic steps it num_processes times per
+// optimizer step while 1 + steps (+ the micro-batches counted by adjust_scheduler) <= 6.
+void one_cycle_case(std::optional<bool> per_process, std::optional<bool> adjust, std::vector<int64_t> want) {
+  run_on_two([per_process, adjust, want] {
+    auto options = [&](int accumulation) {
+      Options o;
+      o.gradient_accumulation_steps = accumulation;
+      o.scheduler_steps_per_process = per_process;
+      o.adjust_scheduler = adjust;
+      return o;
+    };
+    {
+      Accelerator acc(options(1));
+      torch::nn::Linear net(2, 4);
+      torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(1.0));
+      hasten::schedulers::OneCycleLR sched(opt, 0.01, /*total_steps=*/2);  // steps_per_epoch 2, epochs 1
+      auto [model, popt, psched] = acc.prepare(net, opt, sched);
+      psched.step();
+      const int64_t expected = per_process.value_or(false) ? acc.num_processes() : 1;
+      check(sched.last_step() == expected, "one_cycle_test: last_step " + std::to_string(sched.last_step()));
+    }
+    Accelerator acc(options(2));
+    torch::nn::Linear net(2, 4);
+    torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(1.0));
+    hasten::schedulers::OneCycleLR sched(opt, 0.01, /*total_steps=*/6);
+    auto [model, popt, psched] = acc.prepare(net, opt, sched);
+    std::vector<int64_t> got;
+    for (int n = 0; n < 8; ++n) {
+      auto scope = acc.accumulate(model);
+      acc.backward(model(torch::ones({3, 2})).pow(2).sum());
+      popt.step();
+      psched.step();
+      popt.zero_grad();
+      got.push_back(sched.last_step());
+    }
+    std::ostringstream text;
+    for (auto k : got) text << k << ' ';
+    check(got == want, "last_step after each micro-batch: " + text.str());
+  });
+}
+
+}  // namespace
+
+TEST(SchedulerArithmetic, OneCycleOncePerOptimizerStepByDefault) {
+  one_cycle_case(std::nullopt, std::nullopt, {0, 1, 1, 2, 2, 3, 3, 4});
+}
+TEST(SchedulerArithmetic, OneCycleAccelerateWithAdjustScheduler) {
+  // micro-batch 2: 1+0+1, 1+1+1 <= 6; 4: 1+2+2, 1+3+2 <= 6; 6: 1+4+3 > 6, stopped.
+  one_cycle_case(true, std::nullopt, {0, 2, 2, 4, 4, 4, 4, 4});
+}
+TEST(SchedulerArithmetic, OneCycleAccelerateWithoutAdjustScheduler) {
+  // only steps count: 2, 4, then 1+4 and 1+5 <= 6, then stopped at 6.
+  one_cycle_case(true, false, {0, 2, 2, 4, 4, 6, 6, 6});
+}
+
 // test_dataloader_break: the gradient state follows the innermost loader, nested loops
 // included, and its end.
 TEST(GradientState, FollowsTheInnermostLoaderAndItsEnd) {
@@ -462,23 +525,99 @@ void join_case(bool override_even_batches, bool divide_by_initial) {
 TEST(Join, UnevenInputsFinishAndTheWeightsAreTheLastFinishers) { join_case(false, true); }
 TEST(Join, EvenBatchesOverrideAndDivisionByTheRanksStillTraining) { join_case(true, false); }
 
-TEST(Join, UnevenInputsUnderAShardingStrategyAreRefusedWithOneLine) {
-  run_on_two([] {
+namespace {
+
+// join_uneven_inputs under zero1/zero2: rank 0 trains on samples 0, 2, 4, 5, rank 1 on 1, 3
+// (batch 1), with AdamW, a schedule that moves the lr every step and clip_grad_norm_ each
+// step. Rank 1 leaves after two steps and shadows rank 0's last two backwards, clippings and
+// steps (its shard of the parameters and of the optimizer state steps too, at rank 0's lr: its
+// own schedule stopped with its loop). Every rank ends with the weights of one process
+// training a copy on the same batches: steps of samples {0, 1}, {2, 3}, {4}, {5}, each loss
+// divided by 2 (the initial world) or, once alone, by 1.
+void sharded_join_case(const std::string& strategy, bool divide_by_initial) {
+  run_on_two([strategy, divide_by_initial] {
     Options o;
-    o.set = {{"strategy", "zero2"}};
+    o.set = {{"strategy", strategy}};
+    o.even_batches = false;
     Accelerator acc(o);
-    Regression net;
-    auto model = acc.prepare(net);
-    try {
-      hasten::JoinOptions jo;
-      jo.even_batches = false;
-      auto join = acc.join_uneven_inputs({model}, jo);
-      throw std::runtime_error("zero2 with uneven inputs must be refused");
-    } catch (const hasten::UsageError& e) {
-      check(std::string(e.what()).find("Use strategy ddp") != std::string::npos, e.what());
+    torch::manual_seed(0);
+    torch::nn::Linear net(3, 2);
+    torch::nn::Linear truth(3, 2);
+    {
+      torch::NoGradGuard g;
+      truth->weight.copy_(net->weight);
+      truth->bias.copy_(net->bias);
     }
-    // Even inputs need no joining: the scope is allowed (and does nothing).
-    { auto join = acc.join_uneven_inputs({model}); }
-    acc.wait_for_everyone();
+    torch::manual_seed(7);
+    auto xs = torch::randn({6, 3});
+    auto ys = torch::randn({6, 2});
+    auto factor = [](int64_t k) { return 1.0 / (1.0 + static_cast<double>(k)); };
+    torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(0.1));
+    hasten::schedulers::LambdaLR sched(adamw, factor);
+    auto [model, opt, psched] = acc.prepare(net, adamw, sched);
+    constexpr double kClip = 0.3;
+    const std::vector<int> mine = acc.process_index() == 0 ? std::vector<int>{0, 2, 4, 5} : std::vector<int>{1, 3};
+    {
+      hasten::JoinOptions jo;
+      jo.divide_by_initial_world_size = divide_by_initial;
+      auto join = acc.join_uneven_inputs({model}, jo);
+      for (int i : mine) {
+        opt.zero_grad();
+        acc.backward(F::mse_loss(model(xs[i].unsqueeze(0)), ys[i].unsqueeze(0)));
+        acc.clip_grad_norm_(model, kClip);
+        opt.step();
+        psched.step();
+      }
+    }
+    torch::optim::AdamW tadamw(truth->parameters(), torch::optim::AdamWOptions(0.1));
+    hasten::schedulers::LambdaLR tsched(tadamw, factor);
+    auto loss = [&](int i) { return F::mse_loss(truth(xs[i].unsqueeze(0)), ys[i].unsqueeze(0)); };
+    const std::vector<std::vector<int>> steps = {{0, 1}, {2, 3}, {4}, {5}};
+    for (auto& samples : steps) {
+      tadamw.zero_grad();
+      const double divisor = samples.size() == 1 && !divide_by_initial ? 1.0 : 2.0;
+      torch::Tensor l = loss(samples[0]);
+      for (size_t k = 1; k < samples.size(); ++k) l = l + loss(samples[k]);
+      (l / divisor).backward();
+      torch::nn::utils::clip_grad_norm_(truth->parameters(), kClip);
+      tadamw.step();
+      tsched.step();
+    }
+    check(torch::allclose(net->weight, truth->weight, 1e-5, 1e-6) && torch::allclose(net->bias, truth->bias, 1e-5, 1e-6),
+          strategy + " rank " + std::to_string(acc.process_index()) + ": weight " + str(net->weight) + " bias " +
+              str(net->bias) + " vs the truth's " + str(truth->weight) + " " + str(truth->bias));
+    acc.wait_for_everyone();  // collectives line up again after the scope
   });
+}
+
+}  // namespace
+
+TEST(Join, UnevenInputsUnderZero1StepEveryShardAsOneProcess) { sharded_join_case("zero1", true); }
+TEST(Join, UnevenInputsUnderZero2StepEveryShardAsOneProcess) { sharded_join_case("zero2", true); }
+TEST(Join, UnevenInputsUnderZero2DividedByTheRanksStillTraining) { sharded_join_case("zero2", false); }
+
+TEST(Join, UnevenInputsUnderZero3OrFsdpAreRefusedWithOneLine) {
+  for (const std::string strategy : {"zero3", "fsdp"}) {
+    run_on_two([strategy] {
+      Options o;
+      o.set = {{"strategy", strategy}};
+      Accelerator acc(o);
+      Regression net;
+      auto model = acc.prepare(net);
+      try {
+        hasten::JoinOptions jo;
+        jo.even_batches = false;
+        auto join = acc.join_uneven_inputs({model}, jo);
+        throw std::runtime_error(strategy + " with uneven inputs must be refused");
+      } catch (const hasten::UsageError& e) {
+        const std::string what = e.what();
+        check(what.find("shards the parameters at rest (ZeRO stage 3, FSDP)") != std::string::npos &&
+                  what.find("Use zero1, zero2 or ddp") != std::string::npos && what.find('\n') == std::string::npos,
+              what);
+      }
+      // Even inputs need no joining: the scope is allowed (and does nothing).
+      { auto join = acc.join_uneven_inputs({model}); }
+      acc.wait_for_everyone();
+    });
+  }
 }

@@ -45,6 +45,7 @@ struct Options {
   // Accelerate's arithmetic where hasten departs from it (docs/api.md, "Departures").
   std::optional<std::string> short_window_loss_division;  // "window" (hasten) or "steps"
   std::optional<bool> scheduler_steps_per_process;
+  std::optional<bool> adjust_scheduler;  // Accelerate's, under scheduler_steps_per_process
   std::optional<std::string> pad_out_of_range_dim;  // "error" (hasten) or "unchanged"
   std::vector<std::pair<std::string, std::string>> set;
   // How messages name these options: "code" ("code option mixed_precision") or "flag"
@@ -105,6 +106,9 @@ struct Config {
   // Departures from Accelerate, each with Accelerate's arithmetic as an option.
   std::string short_window_loss_division = "window";  // "steps": divide by N, as Accelerate
   bool scheduler_steps_per_process = false;  // true: num_processes steps unless split_batches
+  // Under scheduler_steps_per_process: step() on an accumulation micro-batch bumps the count
+  // that bounds a schedule with total_steps() (Accelerate's GradientAccumulationPlugin).
+  bool adjust_scheduler = true;
   std::string pad_out_of_range_dim = "error";  // "unchanged": return the tensor, as Accelerate
   int num_cpu_threads_per_process = 0;  // 0: cores / local processes
   int max_restarts = 0;  // hasten launch: restarts of all workers after a failure

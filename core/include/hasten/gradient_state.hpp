@@ -17,6 +17,9 @@ struct GradientState {
   int num_steps = 1;  // gradient_accumulation_steps
   bool sync_each_batch = false;
   bool sync_with_dataloader = true;
+  // A prepared scheduler's step() on an accumulation micro-batch counts toward a bounded
+  // schedule's total_steps (adjust_scheduler, in effect only with scheduler_steps_per_process).
+  bool adjust_scheduler = false;
   // Iteration of a prepared loader is under way; active_dataloader is the innermost one's
   // index (PreparedDataLoader::index()), -1 outside any loader.
   bool in_dataloader = false;

@@ -14,6 +14,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -76,6 +77,60 @@ LambdaLR cosine_with_hard_restarts_with_warmup(torch::optim::Optimizer& optimize
 // lr_init, so a param group with its own lr scales the same way.
 LambdaLR polynomial_decay_with_warmup(torch::optim::Optimizer& optimizer, int64_t warmup, int64_t total,
                                       double lr_end = 1e-7, double power = 1.0);
+
+// PyTorch's OneCycleLR (torch/optim/lr_scheduler.py, 1.13), which LibTorch lacks: from
+// max_lr / div_factor up to max_lr over the first pct_start of total_steps, then down to
+// max_lr / div_factor / final_div_factor at total_steps (three_phase: up, back down to the
+// start, then to the minimum), annealed by a cosine or linearly; with cycle_momentum the
+// momentum (SGD, RMSprop) or beta1 (Adam, AdamW) moves the other way between max_momentum
+// and base_momentum. As PyTorch's, building it sets the step-0 values, after k calls to
+// step() the lr is the schedule's at step k, and a step past total_steps is an error.
+// total_steps() makes a prepared scheduler bound it as Accelerate's AcceleratedScheduler
+// does under scheduler_steps_per_process (docs/api.md, PreparedScheduler).
+struct OneCycleOptions {
+  double pct_start = 0.3;
+  std::string anneal_strategy = "cos";  // or "linear"
+  bool cycle_momentum = true;
+  double base_momentum = 0.85;
+  double max_momentum = 0.95;
+  double div_factor = 25.0;
+  double final_div_factor = 1e4;
+  bool three_phase = false;
+};
+
+class OneCycleLR : public torch::optim::LRScheduler {
+ public:
+  // One max_lr for every param group, or one per group (PyTorch's list). Throws
+  // hasten::Error naming a bad argument, or an optimizer without momentum or betas under
+  // cycle_momentum.
+  OneCycleLR(torch::optim::Optimizer& optimizer, double max_lr, int64_t total_steps, OneCycleOptions options = {});
+  OneCycleLR(torch::optim::Optimizer& optimizer, std::vector<double> max_lrs, int64_t total_steps,
+             OneCycleOptions options = {});
+
+  const std::vector<double>& get_last_lr() const { return last_lr_; }
+  // How many times step() was called (PyTorch's last_epoch).
+  int64_t last_step() const { return static_cast<int64_t>(step_count_); }
+  int64_t total_steps() const { return total_steps_; }
+
+ protected:
+  std::vector<double> get_lrs() override;
+
+ private:
+  // lr and momentum of each param group at `step`; momentum written into the groups.
+  std::vector<double> apply_at(int64_t step);
+
+  struct Phase {
+    double end_step;
+    int start_lr, end_lr;              // 0: initial, 1: max, 2: min lr
+    int start_momentum, end_momentum;  // 0: base, 1: max momentum
+  };
+  torch::optim::Optimizer& target_;
+  int64_t total_steps_;
+  OneCycleOptions options_;
+  std::vector<Phase> phases_;
+  std::vector<std::array<double, 3>> group_lrs_;  // initial, max, min per group
+  std::vector<double> last_lr_;
+};
 
 // By transformers' SchedulerType name, as its get_scheduler: "linear", "cosine",
 // "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", each with its

@@ -80,6 +80,14 @@ class Engine {
   size_t add_scheduler(std::function<void()> step_once);
   bool scheduler_should_step() const;
   void scheduler_stepped(size_t index);
+  // Called by every step(): on an accumulation micro-batch under adjust_scheduler (with
+  // scheduler_steps_per_process) counts one adjustment, Accelerate's `_step_count += 1`.
+  void scheduler_called(size_t index);
+  // Whether a schedule with total_steps() is bounded as Accelerate's AcceleratedScheduler
+  // bounds it (scheduler_steps_per_process, stepping with the optimizer, no split_batches),
+  // and the adjustments counted toward that bound.
+  bool scheduler_bounded() const;
+  int64_t scheduler_adjustments(size_t index) const;
 
   // Data loaders.
   size_t add_loader(int64_t dataset_size, const DataLoaderOptions& options);
