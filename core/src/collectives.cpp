@@ -107,9 +107,10 @@ namespace {
 // Another shape (per-batch metrics, a partial epoch) comes back as gathered.
 torch::Tensor drop_epoch_padding(const torch::Tensor& gathered, const torch::Tensor& mine, const EpochPlan& plan) {
   if (!plan.pad || plan.num_batches == 0 || mine.dim() == 0) return gathered;
-  if (plan.batches) {
-    // A batch sampler's epoch: each rank's padding is at the end of its chunk (only its last
-    // batch, or its last batches, complete the round), and the plan knows every rank's.
+  if (plan.batches || plan.dispatch) {
+    // A batch sampler's epoch, or a dispatched one: each rank's padding is at the end of its
+    // chunk (only its last batch, or its last batches, complete the round), and the plan knows
+    // every rank's.
     const int64_t per_rank = plan.rank_samples.at(static_cast<size_t>(plan.rank));
     for (auto n : plan.rank_samples)
       if (n != per_rank) return gathered;  // chunks of different sizes: not one row per sample

@@ -210,6 +210,8 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
   c.step_scheduler_with_optimizer = merged["step_scheduler_with_optimizer"].get<bool>();
   c.split_batches = merged["split_batches"].get<bool>();
   c.even_batches = merged["even_batches"].get<bool>();
+  if (merged.contains("dispatch_batches") && !merged["dispatch_batches"].is_null())
+    c.dispatch_batches = merged["dispatch_batches"].get<bool>();
   c.sync_each_batch = merged["sync_each_batch"].get<bool>();
   c.sync_with_dataloader = merged["sync_with_dataloader"].get<bool>();
   c.short_window_loss_division = get_str(merged, "short_window_loss_division");

@@ -101,6 +101,9 @@ const Schema& core_schema() {
        "The loader's batch size is the global batch, split across processes"},
       {"even_batches", T::Bool, true, {}, {}, {},
        "Pad the last round so every process gets the same number of full batches"},
+      {"dispatch_batches", T::Bool, json(), {}, {}, {},
+       "Rank 0 alone reads each prepared loader and broadcasts every round, each process keeping its slice "
+       "(Accelerate's DataLoaderDispatcher); unset: on for stream datasets, off for map-style ones"},
       {"sync_each_batch", T::Bool, false, {}, {}, {},
        "Under accumulate(), reduce gradients on every micro-batch (more communication, less memory); the optimizer "
        "still steps every gradient_accumulation_steps-th (Accelerate's GradientAccumulationPlugin sync_each_batch)"},

@@ -212,6 +212,7 @@ Layer code_layer(const Options& o) {
   if (o.step_scheduler_with_optimizer) put("step_scheduler_with_optimizer", *o.step_scheduler_with_optimizer);
   if (o.split_batches) put("split_batches", *o.split_batches);
   if (o.even_batches) put("even_batches", *o.even_batches);
+  if (o.dispatch_batches) put("dispatch_batches", *o.dispatch_batches);
   if (o.sync_each_batch) put("sync_each_batch", *o.sync_each_batch);
   if (o.sync_with_dataloader) put("sync_with_dataloader", *o.sync_with_dataloader);
   if (o.short_window_loss_division) put("short_window_loss_division", *o.short_window_loss_division);

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -217,7 +218,97 @@ EpochPlan batch_sampler_plan(const ShardSpec& spec, int64_t epoch) {
 
 }  // namespace
 
+DispatchSlice dispatch_slice(int64_t observed, bool last, bool drop_last, int64_t world, int64_t rank,
+                             int64_t first_rows) {
+  DispatchSlice s;
+  int64_t rows = observed, per_rank = observed / world;
+  if (last && !drop_last && observed % world != 0) {  // Accelerate adds the first batch's rows
+    rows += first_rows;
+    per_rank += 1;
+  }
+  s.begin = std::min(rank * per_rank, rows);
+  s.end = std::min((rank + 1) * per_rank, rows);
+  s.padding = std::max<int64_t>(0, s.end - std::max(s.begin, observed));
+  return s;
+}
+
+namespace {
+
+// The one-process loader a dispatching loader's rank 0 reads: the options as the user gave
+// them (split_batches and even_batches do not apply to it).
+ShardSpec base_spec(const ShardSpec& spec) {
+  ShardSpec base = spec;
+  base.world_size = 1;
+  base.rank = 0;
+  base.split_batches = false;
+  base.even_batches = true;
+  base.dispatch_batches = false;
+  return base;
+}
+
+// Rounds of a dispatched epoch over `base_batches` base batches (DataLoaderDispatcher's __len__).
+int64_t dispatch_rounds(const ShardSpec& spec, int64_t base_batches) {
+  if (spec.split_batches) return base_batches;
+  const int64_t w = spec.world_size;
+  return spec.options.drop_last ? base_batches / w : (base_batches + w - 1) / w;
+}
+
+// The spec's own checks (split_batches needs a batch size the processes divide, dispatched
+// or not; a batch sampler's batches are sliced as they come, as in Accelerate).
+void check_dispatch(const ShardSpec& spec) {
+  if (spec.options.batch_sampler)
+    check_samplers(spec.options);
+  else
+    shape_of(spec);
+}
+
+// A dispatched map-style epoch: the base plan, and every rank's samples and padding (the
+// slices of each round), so that gather_for_metrics after the loop drops the padding.
+EpochPlan dispatch_plan(const ShardSpec& spec, int64_t epoch) {
+  check_dispatch(spec);
+  auto base = std::make_shared<EpochPlan>(make_epoch_plan(base_spec(spec), epoch));
+  EpochPlan plan;
+  plan.epoch = epoch;
+  plan.dataset_size = base->dataset_size;
+  plan.batch_size = spec.options.batch_size;
+  plan.world_size = spec.world_size;
+  plan.rank = spec.rank;
+  plan.dispatch = true;
+  plan.split = spec.split_batches;
+  // The user loader's drop_last (a batch sampler's own drops only inside it, as in Accelerate).
+  plan.drop_last = spec.options.drop_last;
+  plan.num_batches = dispatch_rounds(spec, base->num_batches);
+  auto base_size = [&](int64_t k) -> int64_t {
+    if (base->batches) return static_cast<int64_t>((*base->batches)[static_cast<size_t>(k)].indices.size());
+    return std::min(base->batch_size, base->dataset_size - k * base->batch_size);
+  };
+  const int64_t per_round = spec.split_batches ? 1 : spec.world_size;
+  plan.rank_samples.assign(static_cast<size_t>(spec.world_size), 0);
+  plan.rank_padding.assign(static_cast<size_t>(spec.world_size), 0);
+  int64_t first_rows = 0;
+  for (int64_t b = 0; b < plan.num_batches; ++b) {
+    int64_t observed = 0;
+    for (int64_t k = b * per_round; k < std::min((b + 1) * per_round, base->num_batches); ++k) observed += base_size(k);
+    if (b == 0) first_rows = std::min(observed, spec.world_size);
+    const bool last = b + 1 == plan.num_batches;
+    for (int64_t r = 0; r < spec.world_size; ++r) {
+      const DispatchSlice s = dispatch_slice(observed, last, plan.drop_last, spec.world_size, r, first_rows);
+      plan.rank_samples[static_cast<size_t>(r)] += s.end - s.begin;
+      plan.rank_padding[static_cast<size_t>(r)] += s.padding;
+      if (s.padding > 0) plan.pad = true;
+    }
+  }
+  plan.base = std::move(base);
+  return plan;
+}
+
+}  // namespace
+
 int64_t count_batches(const ShardSpec& spec) {
+  if (spec.dispatch_batches) {
+    check_dispatch(spec);
+    return dispatch_rounds(spec, count_batches(base_spec(spec)));
+  }
   if (spec.options.batch_sampler) return batch_sampler_plan(spec, 0).num_batches;
   return shape_of(spec).batches;
 }
@@ -242,10 +333,17 @@ EpochPlan make_stream_plan(const ShardSpec& spec, int64_t epoch) {
   plan.rank = spec.rank;
   plan.num_batches = std::numeric_limits<int64_t>::max();
   plan.epoch = epoch;
+  if (spec.dispatch_batches) {  // rank 0 reads batch_size samples at a time, as one process
+    plan.dispatch = true;
+    plan.split = spec.split_batches;
+    plan.drop_last = o.drop_last;
+    plan.batch_size = o.batch_size;
+  }
   return plan;
 }
 
 EpochPlan make_epoch_plan(const ShardSpec& spec, int64_t epoch) {
+  if (spec.dispatch_batches) return dispatch_plan(spec, epoch);
   if (spec.options.batch_sampler) {
     EpochPlan plan = batch_sampler_plan(spec, epoch);
     plan.epoch = epoch;

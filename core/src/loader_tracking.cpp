@@ -18,6 +18,9 @@ size_t Engine::add_loader(int64_t dataset_size, const DataLoaderOptions& options
   e.spec.rank = s.process.rank;
   e.spec.even_batches = options.even_batches.value_or(s.config.even_batches);
   e.spec.split_batches = options.split_batches.value_or(s.config.split_batches);
+  // Accelerate's default: a map-style loader is sharded, not dispatched.
+  e.spec.dispatch_batches =
+      s.process.world_size > 1 && options.dispatch_batches.value_or(s.config.dispatch_batches.value_or(false));
   e.num_batches = count_batches(e.spec);  // validates the spec now, at prepare
   s.loaders.push_back(e);
   return s.loaders.size() - 1;
@@ -33,6 +36,9 @@ size_t Engine::add_stream_loader(const DataLoaderOptions& options) {
   e.spec.rank = s.process.rank;
   e.spec.even_batches = options.even_batches.value_or(s.config.even_batches);
   e.spec.split_batches = options.split_batches.value_or(s.config.split_batches);
+  // Accelerate's default: a stream (IterableDataset) is dispatched from rank 0.
+  e.spec.dispatch_batches =
+      s.process.world_size > 1 && options.dispatch_batches.value_or(s.config.dispatch_batches.value_or(true));
   e.num_batches = make_stream_plan(e.spec, 0).num_batches;  // validates the spec now, at prepare
   s.loaders.push_back(e);
   return s.loaders.size() - 1;
@@ -103,6 +109,8 @@ void Engine::loader_set_epoch(size_t loader, int64_t epoch) {
   if (epoch != e.epoch) e.resume_batch = 0;
   e.epoch = epoch;
 }
+
+bool Engine::loader_dispatches(size_t loader) const { return impl_->loaders.at(loader).spec.dispatch_batches; }
 
 int64_t Engine::loader_num_batches(size_t loader) const {
   const LoaderEntry& e = impl_->loaders.at(loader);

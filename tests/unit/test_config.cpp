@@ -384,3 +384,21 @@ TEST(Config, CommOptionsGoToTheCpuBackendOrPerDeviceType) {
   e = error_of({}, env);
   EXPECT_NE(e.find("comm_options.cuda"), std::string::npos) << e;
 }
+
+TEST(Config, DispatchBatchesIsUnsetUntilASourceSetsIt) {
+  // Unset, each loader decides by its kind (Accelerate's None: on for stream datasets).
+  hasten::test::TempDir dir;
+  EXPECT_FALSE(hasten::resolve_config({}, clean_env(dir.path())).dispatch_batches.has_value());
+  auto env = clean_env(dir.path());
+  env["HASTEN_DISPATCH_BATCHES"] = "false";
+  EXPECT_EQ(hasten::resolve_config({}, env).dispatch_batches, std::optional<bool>(false));
+  Options o;
+  o.dispatch_batches = true;  // code over the environment
+  EXPECT_EQ(hasten::resolve_config(o, env).dispatch_batches, std::optional<bool>(true));
+  o = {};
+  o.config_file = dir.write("d.yaml", "dispatch_batches: true\n");
+  EXPECT_EQ(hasten::resolve_config(o, clean_env(dir.path())).dispatch_batches, std::optional<bool>(true));
+  env["HASTEN_DISPATCH_BATCHES"] = "sometimes";
+  const std::string e = error_of({}, env);
+  EXPECT_NE(e.find("dispatch_batches"), std::string::npos) << e;
+}

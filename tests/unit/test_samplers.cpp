@@ -594,14 +594,16 @@ TEST(DistributedDataLoop, BatchSamplersUnderSplitAndUnevenBatches) {
 }
 
 TEST(DistributedDataLoop, StreamDatasetsAreShardedLikeIterableDatasetShard) {
-  // Accelerate's check_iterable_dataset_shards: the ranks' slices, interleaved, are the
-  // stream (repeated from its start when the last round is completed).
+  // Accelerate's check_iterable_dataset_shards (dispatch_batches false; on, the default for a
+  // stream, is test_dispatch.cpp's): the ranks' slices, interleaved, are the stream (repeated
+  // from its start when the last round is completed).
   for (bool split : {false, true}) {
     hasten::launch(
       [split] {
         {
           hasten::Options o;
           o.split_batches = split;
+          o.dispatch_batches = false;
           Accelerator acc(o);
           for (int64_t n : {2, 8, 13, 16}) {
             for (bool drop_last : {false, true}) {
@@ -658,7 +660,7 @@ TEST(DistributedDataLoop, LoadersResumeFromSaveStateMidEpoch) {
         Accelerator acc;
         auto sampler = std::make_shared<hasten::RandomSampler>(64, 8);
         hasten::DataLoader sampled(numbers(64), {.batch_size = 4, .sampler = sampler});
-        hasten::DataLoader streamed(Counting{.n = 64}, {.batch_size = 4});
+        hasten::DataLoader streamed(Counting{.n = 64}, {.batch_size = 4, .dispatch_batches = false});
         auto [a, b] = acc.prepare(sampled, streamed);
         Lists unseen_a, unseen_b, resumed_a, resumed_b;
         auto it_b = b.begin();

@@ -39,6 +39,7 @@ struct Options {
   std::optional<bool> step_scheduler_with_optimizer;
   std::optional<bool> split_batches;
   std::optional<bool> even_batches;
+  std::optional<bool> dispatch_batches;
   // Gradient accumulation (Accelerate's GradientAccumulationPlugin).
   std::optional<bool> sync_each_batch;
   std::optional<bool> sync_with_dataloader;
@@ -99,6 +100,9 @@ struct Config {
   bool step_scheduler_with_optimizer = true;
   bool split_batches = false;
   bool even_batches = true;
+  // Rank 0 reads each prepared loader and broadcasts the batches; unset: on for stream
+  // datasets, off for map-style ones (Accelerate's default).
+  std::optional<bool> dispatch_batches;
   // Gradient accumulation: reduce gradients on every micro-batch (the optimizer still steps
   // every N-th), and close the window at the loader's last batch.
   bool sync_each_batch = false;

@@ -45,6 +45,7 @@
 
 #include <c10/util/ArrayRef.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <iterator>
@@ -94,6 +95,10 @@ struct DataLoaderOptions {
   // Unset: the Accelerator's (config keys even_batches, split_batches); set: this loader's own.
   std::optional<bool> even_batches = std::nullopt;
   std::optional<bool> split_batches = std::nullopt;
+  // Accelerate's dispatch_batches: only rank 0 reads the loader and broadcasts each round, which
+  // every rank slices (prepared_data_loader.hpp). Unset: the Accelerator's (config key
+  // dispatch_batches), whose own unset means on for stream datasets and off for map-style ones.
+  std::optional<bool> dispatch_batches = std::nullopt;
   // A user sampler instead of shuffle/seed: the order of each epoch (samplers.hpp); batched
   // by batch_size and sharded like hasten's own order. Not with shuffle.
   std::shared_ptr<const Sampler> sampler = nullptr;
@@ -134,6 +139,14 @@ struct EpochPlan {
   std::shared_ptr<const std::vector<ShardedBatch>> batches;
   std::vector<int64_t> rank_padding, rank_samples;
   int64_t epoch = 0;  // the epoch planned (a stream dataset's set_epoch)
+  // dispatch_batches (Accelerate's DataLoaderDispatcher): rank 0 reads the base loader, the
+  // loader the user built, as one process would (`base`: its plan; none for a stream, read
+  // `batch_size` samples at a time), and broadcasts a round (N of its batches, one with
+  // `split`) that every rank slices; num_batches and first_batch count rounds.
+  bool dispatch = false;
+  bool split = false;
+  bool drop_last = false;  // the base loader's: short base batches and short rounds are dropped
+  std::shared_ptr<const EpochPlan> base;
 
   // The dataset indices of batch b and how many of them (at the end) are padding.
   std::vector<int64_t> batch(int64_t b, int64_t* num_padding) const;
@@ -146,7 +159,19 @@ struct ShardSpec {
   int64_t rank = 0;
   bool even_batches = true;
   bool split_batches = false;
+  bool dispatch_batches = false;  // resolved; only with more than one process
 };
+
+// Rank `rank`'s rows of one dispatched round (Accelerate's DataLoaderDispatcher): the round
+// has `observed` samples; the last one, when they do not divide by the world and drop_last is
+// off, is followed by `first_rows` samples from the epoch's first round and every rank gets
+// one more row (Python's slice bounds: a rank past the rows gets fewer, possibly none).
+struct DispatchSlice {
+  int64_t begin = 0, end = 0;  // rows of the (completed) round
+  int64_t padding = 0;         // of them, rows past `observed`
+};
+DispatchSlice dispatch_slice(int64_t observed, bool last, bool drop_last, int64_t world, int64_t rank,
+                             int64_t first_rows);
 
 // Throws hasten::Error on impossible specs (batch size 0, split_batches with a batch size
 // not divisible by the world size).
@@ -513,18 +538,20 @@ class DataLoader {
 
   using iterator = detail::loader_iterator_t<Dataset>;
 
-  // Each call to begin() starts the next epoch.
+  // Each call to begin() starts the next epoch (at batch skipped_batches()).
   iterator begin() {
     if constexpr (is_stream) {
       detail::ShardSpec spec{-1, options_, 1, 0, true, false};
       auto plan = detail::make_stream_plan(spec, epoch_++);
+      plan.first_batch = skip_;  // read past them
       return iterator(dataset_, plan, options_.drop_last);
     } else {
       detail::ShardSpec spec{static_cast<int64_t>(dataset_size()), options_, 1, 0, true, false};
       auto plan = detail::make_epoch_plan(spec, epoch_);
       plan.epoch = epoch_++;
       end_pos_ = plan.num_batches;
-      return iterator(dataset_, std::move(plan), 0);
+      const int64_t first = std::min(skip_, plan.num_batches);
+      return iterator(dataset_, std::move(plan), first);
     }
   }
   iterator end() {
@@ -533,9 +560,10 @@ class DataLoader {
     else
       return iterator(nullptr, {}, end_pos_);
   }
+  // Batches per epoch, less those skip_first_batches skips.
   size_t size() const {
     detail::ShardSpec spec{static_cast<int64_t>(dataset_size()), options_, 1, 0, true, false};
-    return static_cast<size_t>(detail::count_batches(spec));
+    return static_cast<size_t>(std::max<int64_t>(0, detail::count_batches(spec) - skip_));
   }
   // The epoch the next begin() starts (its shuffle: seed + epoch); set_epoch chooses it.
   int64_t epoch() const { return epoch_; }
@@ -543,12 +571,31 @@ class DataLoader {
     if (epoch < 0) throw UsageError("DataLoader::set_epoch: the epoch must be >= 0, got " + std::to_string(epoch));
     epoch_ = epoch;
   }
+  // The batches skip_first_batches skips at the start of each epoch (0 for a loader built).
+  int64_t skipped_batches() const { return skip_; }
+
+  template <class D>
+  friend DataLoader<D> skip_first_batches(const DataLoader<D>& loader, int64_t num_batches);
 
  private:
   std::shared_ptr<Dataset> dataset_;
   DataLoaderOptions options_;
   int64_t epoch_ = 0;
   int64_t end_pos_ = 0;
+  int64_t skip_ = 0;
 };
+
+// Accelerate's skip_first_batches of a loader that was not prepared (its SkipBatchSampler, or
+// SkipDataLoader for a stream): a copy over the same dataset, at the same epoch, whose every
+// epoch starts at batch `num_batches` (a stream is read past them); size() less them. As in
+// Accelerate, the copy counts its epochs apart from the loader it came from.
+template <class Dataset>
+DataLoader<Dataset> skip_first_batches(const DataLoader<Dataset>& loader, int64_t num_batches) {
+  if (num_batches < 0)
+    throw UsageError("skip_first_batches: num_batches must be >= 0, got " + std::to_string(num_batches));
+  DataLoader<Dataset> out = loader;
+  out.skip_ = num_batches;
+  return out;
+}
 
 }  // namespace hasten

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <hasten/data.hpp>
+#include <hasten/detail/dispatch.hpp>
 #include <hasten/detail/engine.hpp>
 
 #include <torch/types.h>
@@ -39,7 +40,8 @@ class PreparedDataLoader {
       : dataset_(std::move(dataset)), engine_(std::move(engine)), loader_(loader), device_(device),
         drop_last_(drop_last) {}
 
-  using iterator = detail::loader_iterator_t<Dataset>;
+  // Its own iterator, or with dispatch_batches the one that receives rank 0's rounds.
+  using iterator = detail::PreparedIterator<Dataset>;
   using batch_type = detail::batch_t<Dataset>;  // hasten::Batch, or ExampleBatch for LibTorch's
 
   // Each call starts the next epoch.
@@ -52,18 +54,24 @@ class PreparedDataLoader {
     auto observer = [engine = engine_, id = loader_](int64_t batch, int64_t n, int64_t padding) {
       engine->loader_at(id, batch, n, padding);
     };
+    using Plain = detail::loader_iterator_t<Dataset>;
+    if (plan.dispatch)
+      return detail::DispatchIterator<Dataset>(dataset_, engine_, std::move(plan), device_, std::move(observer),
+                                               std::move(session));
     if constexpr (detail::is_stream_dataset_v<Dataset>) {
-      return iterator(dataset_, plan, drop_last_, device_, std::move(observer), std::move(session));
+      return Plain(dataset_, plan, drop_last_, device_, std::move(observer), std::move(session));
     } else {
       const int64_t first = plan.first_batch;
-      return iterator(dataset_, std::move(plan), first, device_, std::move(observer), std::move(session));
+      return Plain(dataset_, std::move(plan), first, device_, std::move(observer), std::move(session));
     }
   }
   iterator end() {
+    using Plain = detail::loader_iterator_t<Dataset>;
+    if (engine_->loader_dispatches(loader_)) return detail::DispatchIterator<Dataset>(detail::DispatchIterator<Dataset>::kEnd);
     if constexpr (detail::is_stream_dataset_v<Dataset>)
-      return iterator(iterator::kEnd);
+      return Plain(Plain::kEnd);
     else
-      return iterator(nullptr, {}, end_pos_);
+      return Plain(nullptr, {}, end_pos_);
   }
   // Batches per epoch on this rank (less those skip_first_batches skips). A stream has no
   // length: hasten::UsageError.

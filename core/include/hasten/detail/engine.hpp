@@ -102,6 +102,8 @@ class Engine {
   void loader_at(size_t loader, int64_t batch, int64_t num_batches, int64_t num_padding);
   void loader_end(size_t loader) noexcept;
   int64_t loader_num_batches(size_t loader) const;
+  // Whether the loader dispatches (dispatch_batches resolved, more than one process).
+  bool loader_dispatches(size_t loader) const;
 
   // Gradient accumulation.
   void begin_accumulate(const std::vector<size_t>& models);
