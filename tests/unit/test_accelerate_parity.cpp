@@ -248,7 +248,9 @@ void opt_sched_case(const std::string& strategy, OptSchedCase c) {
         require(acc_sched.last_step() == sched_steps * (c.split_batches ? 3 : 2),
                 "scheduler steps: " + std::to_string(acc_sched.last_step()));
         const auto [a, b] = weights(acc, model);
-        require(close(a, truth.model->a.item<double>(), 1e-5) && close(b, truth.model->b.item<double>(), 1e-5),
+        // test_sync.cpp's tolerance: AdamW's steps add the ranks' terms in another order.
+        auto near = [](double got, double want) { return std::abs(got - want) <= 1e-5 + 1e-4 * std::abs(want); };
+        require(near(a, truth.model->a.item<double>()) && near(b, truth.model->b.item<double>()),
                 "weights " + std::to_string(a) + ", " + std::to_string(b) + " vs the truth's " + str(truth.model->a) +
                     ", " + str(truth.model->b));
       },
@@ -523,6 +525,59 @@ TEST(ParityJoin, JoinOverridesEvenBatchesOfMapStyleLoadersAndWarnsAboutStreams) 
       two_ranks());
 }
 
+// test_stateful_dataloader: a loader's own state_dict, taken at step 2 of an epoch and loaded
+// after the epoch, makes the next iteration yield exactly the batches after step 2 (a shuffled
+// map-style loader and a stream loader, every rank's batches gathered); inside a loop
+// load_state_dict is refused with one line.
+TEST(ParityLoaders, AStateDictTakenMidEpochResumesAfterTheBatchYielded) {
+  hasten::launch(
+      [] {
+        Accelerator acc;
+        hasten::DataLoader shuffled(numbers(64), {.batch_size = 4, .shuffle = true, .seed = 7});
+        hasten::DataLoader streamed(Stream{.n = 64}, {.batch_size = 4});
+        auto [a, b] = acc.prepare(shuffled, streamed);
+        auto check = [&acc](auto& loader, const std::string& what) {
+          hasten::LoaderState saved;
+          std::vector<torch::Tensor> unseen, resumed;
+          int step = 0;
+          for (auto& batch : loader) {
+            if (step == 2) {
+              saved = loader.state_dict();
+              try {
+                loader.load_state_dict(saved);
+                require(false, what + ": load_state_dict inside the loop was accepted");
+              } catch (const hasten::UsageError& e) {
+                require(std::string(e.what()).find("while this loader is being iterated") != std::string::npos, e.what());
+              }
+            }
+            if (step > 2) unseen.push_back(acc.gather(batch.input));
+            ++step;
+          }
+          require(saved == hasten::LoaderState{0, 3}, what + ": the state at step 2 is epoch " + std::to_string(saved.epoch) +
+                                                          ", batch " + std::to_string(saved.next_batch));
+          require(loader.state_dict() == hasten::LoaderState{1, 0}, what + ": after the epoch, the next one's start");
+          loader.load_state_dict(saved);
+          for (auto& batch : loader) resumed.push_back(acc.gather(batch.input));
+          require(unseen.size() == 5 && resumed.size() == unseen.size(),
+                  what + ": " + std::to_string(resumed.size()) + " batches after the resume, " +
+                      std::to_string(unseen.size()) + " unseen");
+          for (size_t i = 0; i < unseen.size(); ++i)
+            require(torch::equal(unseen[i], resumed[i]), what + ": batch " + std::to_string(i) + " " + str(resumed[i]) +
+                                                             " vs " + str(unseen[i]));
+        };
+        check(a, "shuffled");
+        check(b, "stream");
+        try {
+          a.load_state_dict({-1, 0});
+          require(false, "a negative epoch was accepted");
+        } catch (const hasten::UsageError& e) {
+          require(std::string(e.what()) == "load_state_dict: the epoch and the batch must be >= 0, got epoch -1, batch 0",
+                  e.what());
+        }
+      },
+      two_ranks());
+}
+
 // ---- external_deps/test_metrics.py -------------------------------------------------------
 
 // test_torch_metrics (99 samples with and without split_batches, 512 samples) and
@@ -578,14 +633,16 @@ TEST_P(Parity, GatherForMetricsReturnsEverySampleOfAnEvaluation) {
 // test_gather_for_metrics_with_iterable_dataset and ..._with_non_tensor_objects_iterable_dataset
 // (Accelerate runs them off CPU only; nothing here depends on the device): 30 samples of a stream
 // in batches of 4, gathered batch by batch as tensors and as plain values, are the 30 samples once
-// each, and nothing is logged.
+// each, and no warning is logged.
 TEST(ParityMetrics, GatherForMetricsOverAStreamCountsEachSampleOnceWithoutAWord) {
   hasten::launch(
       [] {
         Accelerator acc;
         std::ostringstream log;
-        hasten::get_logger()->sinks().push_back(std::make_shared<spdlog::sinks::ostream_sink_mt>(log));
-        hasten::get_logger("hasten", false)->sinks().push_back(std::make_shared<spdlog::sinks::ostream_sink_mt>(log));
+        auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+        sink->set_level(spdlog::level::warn);  // Accelerate's check: no warning
+        hasten::get_logger()->sinks().push_back(sink);
+        hasten::get_logger("hasten", false)->sinks().push_back(sink);
         auto loader = acc.prepare(hasten::DataLoader(Stream{.n = 30}, {4}));
         std::vector<torch::Tensor> tensors;
         std::vector<int64_t> values;
