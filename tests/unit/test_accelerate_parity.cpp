@@ -16,8 +16,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <map>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -112,7 +112,9 @@ std::pair<double, double> weights(Accelerator& acc, const M& model) {
 }
 
 // torch.testing.assert_close with Accelerate's tolerances (atol = rtol = 1e-6).
-bool close(double got, double want, double tol = 1e-6) { return std::abs(got - want) <= tol + tol * std::abs(want); }
+bool within_tolerance(double got, double want, double tol = 1e-6) {
+  return std::abs(got - want) <= tol + tol * std::abs(want);
+}
 
 class Parity : public ::testing::TestWithParam<std::string> {};
 
@@ -127,8 +129,8 @@ TEST_P(Parity, DataloaderBreakFollowsTheInnermostLoader) {
   hasten::launch(
       [strategy] {
         Accelerator acc(with_strategy(strategy));
-        auto [first, second] = acc.prepare(hasten::DataLoader(regression_data(80), {16}),
-                                           hasten::DataLoader(regression_data(96), {16}));
+        auto [first, second] =
+            acc.prepare(hasten::DataLoader(regression_data(80), {16}), hasten::DataLoader(regression_data(96), {16}));
         require(acc.gradient_state().active_dataloader == -1 && !acc.gradient_state().in_dataloader,
                 "no active loader before the loop");
         size_t it = 0, inner_batches = 0;
@@ -157,8 +159,8 @@ TEST_P(Parity, DataloaderBreakFollowsTheInnermostLoader) {
           ++it;
         }
         // 80 samples, 16 per rank: 3 rounds (the last padded); 96: 3 rounds.
-        require(it == 3 && inner_batches == 3, "batches per rank: " + std::to_string(it) + ", " +
-                                                   std::to_string(inner_batches));
+        require(it == 3 && inner_batches == 3,
+                "batches per rank: " + std::to_string(it) + ", " + std::to_string(inner_batches));
         require(acc.gradient_state().active_dataloader == -1, "no active loader after the loop");
       },
       two_ranks());
@@ -292,9 +294,8 @@ TEST_P(Parity, AccumulateWithSplitBatchesAndSyncEachBatchReducesEveryMicroBatch)
           require(acc.sync_gradients() == ((it + 1) % 2 == 0 || last), "sync_gradients at " + std::to_string(it));
           const double norm = acc.clip_grad_norm_(model, 1e30);
           const double want = truth.grad().norm().item<double>();
-          require(std::abs(norm - want) <= 1e-5 * (1 + want),
-                  "micro-batch " + std::to_string(it) + ": gradient norm " + std::to_string(norm) + " vs " +
-                      std::to_string(want));
+          require(std::abs(norm - want) <= 1e-5 * (1 + want), "micro-batch " + std::to_string(it) + ": gradient norm " +
+                                                                  std::to_string(norm) + " vs " + std::to_string(want));
           ++it;
         }
       },
@@ -339,7 +340,8 @@ TEST_P(Parity, TrainingMatchesOneProcessWithAndWithoutSplitBatchesAndInBf16AndFp
         const auto data = regression_data(length);
         const auto [ra, rb] = single_process_training(data, batch_size * 2, 42);
         auto baseline = Accelerator(with_strategy(strategy)).gather(torch::tensor({{ra, rb}}));
-        require(torch::equal(baseline[0], baseline[1]), "the single-process run differs between ranks: " + str(baseline));
+        require(torch::equal(baseline[0], baseline[1]),
+                "the single-process run differs between ranks: " + str(baseline));
         require(ra > 1.5 && rb > 2.5, "the single-process run did not train: a " + std::to_string(ra));
         struct Variant {
           std::string name;
@@ -359,7 +361,8 @@ TEST_P(Parity, TrainingMatchesOneProcessWithAndWithoutSplitBatchesAndInBf16AndFp
           Regression net;
           torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
           const int64_t bs = v.split ? batch_size * 2 : batch_size;
-          auto [loader, model, opt] = acc.prepare(hasten::DataLoader(data, {.batch_size = bs, .shuffle = true, .seed = 42}), net, sgd);
+          auto [loader, model, opt] =
+              acc.prepare(hasten::DataLoader(data, {.batch_size = bs, .shuffle = true, .seed = 42}), net, sgd);
           for (int epoch = 0; epoch < 3; ++epoch)
             for (auto& batch : loader) {
               model->zero_grad();
@@ -367,9 +370,9 @@ TEST_P(Parity, TrainingMatchesOneProcessWithAndWithoutSplitBatchesAndInBf16AndFp
               opt.step();
             }
           const auto [a, b] = weights(acc, model);
-          require(close(a, ra) && close(b, rb), strategy + ", " + v.name + ": a " + std::to_string(a) + " vs " +
-                                                    std::to_string(ra) + ", b " + std::to_string(b) + " vs " +
-                                                    std::to_string(rb));
+          require(within_tolerance(a, ra) && within_tolerance(b, rb),
+                  strategy + ", " + v.name + ": a " + std::to_string(a) + " vs " + std::to_string(ra) + ", b " +
+                      std::to_string(b) + " vs " + std::to_string(rb));
         }
       },
       two_ranks());
@@ -389,7 +392,8 @@ TEST(ParityLoaders, PreparedLoadersDealTheDatasetAndTheirSeedDecidesTheOrder) {
         for (bool shuffle : {false, true})
           for (bool split : {false, true}) {
             const std::string what = std::string(shuffle ? "shuffled" : "in order") + (split ? ", split" : "");
-            hasten::DataLoader data(numbers(length), {.batch_size = 8, .shuffle = shuffle, .seed = 3, .split_batches = split});
+            hasten::DataLoader data(numbers(length),
+                                    {.batch_size = 8, .shuffle = shuffle, .seed = 3, .split_batches = split});
             auto loader = acc.prepare(data);
             std::vector<torch::Tensor> parts;
             for (auto& batch : loader) parts.push_back(acc.gather(batch.input));
@@ -439,7 +443,8 @@ TEST(ParityScript, TriggerIsSeenByEveryRankAndResets) {
         Accelerator acc;
         require(!acc.check_trigger(), "the trigger starts unset");
         if (acc.is_main_process()) acc.set_trigger();
-        require(acc.check_trigger(), "rank " + std::to_string(acc.process_index()) + " sees the main process's trigger");
+        require(acc.check_trigger(),
+                "rank " + std::to_string(acc.process_index()) + " sees the main process's trigger");
         require(!acc.check_trigger(), "the check reset the trigger");
       },
       two_ranks());
@@ -470,8 +475,10 @@ TEST(ParityLoaders, EvenBatchesDecideEachRanksBatchSizes) {
             require(three == std::vector<int64_t>{1, 1}, what + ": 3 in batches of 1");
             require(seven == std::vector<int64_t>{2, 2}, what + ": 7 in batches of 2");
           } else {
-            require(three == (r == 0 ? std::vector<int64_t>{1, 1} : std::vector<int64_t>{1}), what + ": 3 in batches of 1");
-            require(seven == (r == 0 ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{2, 1}), what + ": 7 in batches of 2");
+            require(three == (r == 0 ? std::vector<int64_t>{1, 1} : std::vector<int64_t>{1}),
+                    what + ": 3 in batches of 1");
+            require(seven == (r == 0 ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{2, 1}),
+                    what + ": 7 in batches of 2");
           }
           acc.wait_for_everyone();
         }
@@ -547,23 +554,25 @@ TEST(ParityLoaders, AStateDictTakenMidEpochResumesAfterTheBatchYielded) {
                 loader.load_state_dict(saved);
                 require(false, what + ": load_state_dict inside the loop was accepted");
               } catch (const hasten::UsageError& e) {
-                require(std::string(e.what()).find("while this loader is being iterated") != std::string::npos, e.what());
+                require(std::string(e.what()).find("while this loader is being iterated") != std::string::npos,
+                        e.what());
               }
             }
             if (step > 2) unseen.push_back(acc.gather(batch.input));
             ++step;
           }
-          require(saved == hasten::LoaderState{0, 3}, what + ": the state at step 2 is epoch " + std::to_string(saved.epoch) +
-                                                          ", batch " + std::to_string(saved.next_batch));
+          require(saved == hasten::LoaderState{0, 3}, what + ": the state at step 2 is epoch " +
+                                                          std::to_string(saved.epoch) + ", batch " +
+                                                          std::to_string(saved.next_batch));
           require(loader.state_dict() == hasten::LoaderState{1, 0}, what + ": after the epoch, the next one's start");
           loader.load_state_dict(saved);
           for (auto& batch : loader) resumed.push_back(acc.gather(batch.input));
-          require(unseen.size() == 5 && resumed.size() == unseen.size(),
-                  what + ": " + std::to_string(resumed.size()) + " batches after the resume, " +
-                      std::to_string(unseen.size()) + " unseen");
+          require(unseen.size() == 5 && resumed.size() == unseen.size(), what + ": " + std::to_string(resumed.size()) +
+                                                                             " batches after the resume, " +
+                                                                             std::to_string(unseen.size()) + " unseen");
           for (size_t i = 0; i < unseen.size(); ++i)
-            require(torch::equal(unseen[i], resumed[i]), what + ": batch " + std::to_string(i) + " " + str(resumed[i]) +
-                                                             " vs " + str(unseen[i]));
+            require(torch::equal(unseen[i], resumed[i]),
+                    what + ": batch " + std::to_string(i) + " " + str(resumed[i]) + " vs " + str(unseen[i]));
         };
         check(a, "shuffled");
         check(b, "stream");
@@ -571,8 +580,9 @@ TEST(ParityLoaders, AStateDictTakenMidEpochResumesAfterTheBatchYielded) {
           a.load_state_dict({-1, 0});
           require(false, "a negative epoch was accepted");
         } catch (const hasten::UsageError& e) {
-          require(std::string(e.what()) == "load_state_dict: the epoch and the batch must be >= 0, got epoch -1, batch 0",
-                  e.what());
+          require(
+              std::string(e.what()) == "load_state_dict: the epoch and the batch must be >= 0, got epoch -1, batch 0",
+              e.what());
         }
       },
       two_ranks());
@@ -624,8 +634,8 @@ TEST_P(Parity, GatherForMetricsReturnsEverySampleOfAnEvaluation) {
           if (k++ == 1) require(gathered.size(0) == 5 * 2, "the second batch: " + std::to_string(gathered.size(0)));
           for (auto i : to_vector(gathered)) all.push_back(i);
         }
-        require(k == 2 && all == to_vector(torch::arange(20)), "drop_last: the 21st sample dropped, got " +
-                                                                   str(torch::tensor(all)));
+        require(k == 2 && all == to_vector(torch::arange(20)),
+                "drop_last: the 21st sample dropped, got " + str(torch::tensor(all)));
       },
       two_ranks());
 }
@@ -674,9 +684,9 @@ TEST(ParityOps, DebugModeRefusesPaddingTensorsOfDifferentDimensions) {
   hasten::launch(
       [] {
         Accelerator acc;
-        std::map<std::string, torch::Tensor> data{
-            {"tensor", acc.process_index() == 0 ? torch::arange(5, torch::kFloat).view({1, 5})
-                                                : torch::arange(6, torch::kFloat).view({1, 1, 6})}};
+        std::map<std::string, torch::Tensor> data{{"tensor", acc.process_index() == 0
+                                                                 ? torch::arange(5, torch::kFloat).view({1, 5})
+                                                                 : torch::arange(6, torch::kFloat).view({1, 1, 6})}};
         try {
           acc.pad_across_processes(data, 0);
           require(false, "tensors of 2 and 3 dimensions were padded");
