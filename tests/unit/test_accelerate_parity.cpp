@@ -358,7 +358,7 @@ TEST_P(Parity, TrainingMatchesOneProcessWithAndWithoutSplitBatchesAndInBf16AndFp
           // The refusal is Precision.Fp16OnACpuRunIsAClearError in test_accelerator.cpp.
           if (v.precision == "fp16") o.set = {{"precision_options", "{cpu_scaler_only: true}"}};
           Accelerator acc(o);
-          Regression net;
+          auto net = std::make_shared<RegressionImpl>();  // model->zero_grad() below reaches it
           torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
           const int64_t bs = v.split ? batch_size * 2 : batch_size;
           auto [loader, model, opt] =
