@@ -269,19 +269,9 @@ std::string Engine::save_state(const std::string& requested) {
     json loaders = json::array();
     for (size_t id = 0; id < s.loaders.size(); ++id) {
       const LoaderEntry& e = s.loaders[id];
-      // A loop left with `break` before the save: this process's next `for` would begin a new
-      // epoch, so the resumed one does too (only an iteration under way resumes mid-epoch).
-      int64_t epoch = e.epoch;
-      int64_t next = e.resume_batch;
-      for (auto it = s.active.rbegin(); it != s.active.rend(); ++it)
-        if (it->id == id) {
-          // Mid-epoch: the epoch under way, from the batch after the one yielded last.
-          epoch = e.epoch - 1, next = it->batch + 1;
-          if (next >= it->num_batches) epoch = e.epoch, next = 0;
-          break;
-        }
-      loaders.push_back({{"epoch", epoch},
-                         {"next_batch", next},
+      const LoaderState position = loader_state(id);
+      loaders.push_back({{"epoch", position.epoch},
+                         {"next_batch", position.next_batch},
                          {"num_batches", e.num_batches},
                          {"dataset_size", e.spec.dataset_size},
                          {"batch_size", e.spec.options.batch_size},

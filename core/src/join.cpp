@@ -177,6 +177,18 @@ void Engine::join_begin(const std::vector<size_t>& models, const JoinOptions& op
   s.join_open = true;
   s.join_options = options;
   s.join_even_batches = options.even_batches;
+  // As in Accelerate, the override reaches map-style loaders only: a stream's last round is
+  // completed from its start (or dropped with drop_last) whatever even_batches says. Say so
+  // rather than let the override look as if it applied.
+  if (options.even_batches && s.process.world_size > 1)
+    for (size_t i = 0; i < s.loaders.size(); ++i)
+      if (s.loaders[i].stream) {
+        get_logger()->warn(
+            "join_uneven_inputs: overriding even_batches applies to loaders over map-style datasets only; "
+            "loader {} reads a stream dataset and keeps its rounds as they are",
+            i);
+        break;
+      }
   // Accelerate enables torch's Join only where inputs may be uneven.
   if (even || s.process.world_size == 1) return;
   s.join_live = true;

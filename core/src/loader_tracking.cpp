@@ -112,6 +112,36 @@ void Engine::loader_set_epoch(size_t loader, int64_t epoch) {
 
 bool Engine::loader_dispatches(size_t loader) const { return impl_->loaders.at(loader).spec.dispatch_batches; }
 
+LoaderState Engine::loader_state(size_t loader) const {
+  const Impl& s = *impl_;
+  const LoaderEntry& e = s.loaders.at(loader);
+  // A loop left with `break`: this process's next `for` begins a new epoch, so the saved
+  // position does too (only an iteration under way resumes mid-epoch).
+  LoaderState state{e.epoch, e.resume_batch};
+  for (auto it = s.active.rbegin(); it != s.active.rend(); ++it)
+    if (it->id == loader) {
+      // Mid-epoch: the epoch under way, from the batch after the one yielded last.
+      state = {e.epoch - 1, it->batch + 1};
+      if (state.next_batch >= it->num_batches) state = {e.epoch, 0};
+      break;
+    }
+  return state;
+}
+
+void Engine::loader_load_state(size_t loader, const LoaderState& state) {
+  Impl& s = *impl_;
+  if (state.epoch < 0 || state.next_batch < 0)
+    throw UsageError("load_state_dict: the epoch and the batch must be >= 0, got epoch " + std::to_string(state.epoch) +
+                     ", batch " + std::to_string(state.next_batch));
+  for (const auto& a : s.active)
+    if (a.id == loader)
+      throw UsageError("load_state_dict: called while this loader is being iterated; call it before the loop");
+  if (!s.resume_settled) resume();  // config resume first: the state given wins
+  LoaderEntry& e = s.loaders.at(loader);
+  e.epoch = state.epoch;
+  e.resume_batch = std::min(state.next_batch, e.num_batches);
+}
+
 int64_t Engine::loader_num_batches(size_t loader) const {
   const LoaderEntry& e = impl_->loaders.at(loader);
   if (!impl_->join_even_batches || *impl_->join_even_batches == e.spec.even_batches) return e.num_batches;

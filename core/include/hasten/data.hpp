@@ -107,6 +107,15 @@ struct DataLoaderOptions {
   std::shared_ptr<const BatchSampler> batch_sampler = nullptr;
 };
 
+// A prepared loader's position (PreparedDataLoader::state_dict): the epoch its next iteration
+// begins and the batch of that epoch it begins at. Taken mid-epoch, the batch after the one
+// yielded last.
+struct LoaderState {
+  int64_t epoch = 0;
+  int64_t next_batch = 0;
+  bool operator==(const LoaderState& o) const { return epoch == o.epoch && next_batch == o.next_batch; }
+};
+
 // Two tensors whose first dimensions index samples.
 class TensorDataset {
  public:

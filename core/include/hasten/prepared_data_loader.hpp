@@ -94,6 +94,13 @@ class PreparedDataLoader {
   // while this loader is being iterated.
   void set_epoch(int64_t epoch) { engine_->loader_set_epoch(loader_, epoch); }
 
+  // Accelerate's stateful loader (torchdata's StatefulDataLoader): where the next iteration
+  // begins (inside the loop: the batch after the one just yielded), and going back there; the
+  // next `for` then starts at that batch of that epoch. save_state records the same position
+  // for every prepared loader. load_state_dict is not allowed while this loader is iterated.
+  LoaderState state_dict() const { return engine_->loader_state(loader_); }
+  void load_state_dict(const LoaderState& state) { engine_->loader_load_state(loader_, state); }
+
   // The batches skip_first_batches skips at the start of each epoch of this loader.
   int64_t skipped_batches() const { return skip_; }
 

@@ -99,6 +99,10 @@ class Engine {
   // The epoch the loader's next iteration begins, and set_epoch.
   int64_t loader_epoch(size_t loader) const;
   void loader_set_epoch(size_t loader, int64_t epoch);
+  // Where the loader's next iteration begins, as save_state records it, and going back there
+  // (PreparedDataLoader::state_dict / load_state_dict).
+  LoaderState loader_state(size_t loader) const;
+  void loader_load_state(size_t loader, const LoaderState& state);
   void loader_at(size_t loader, int64_t batch, int64_t num_batches, int64_t num_padding);
   void loader_end(size_t loader) noexcept;
   int64_t loader_num_batches(size_t loader) const;
