@@ -4,12 +4,9 @@
 // nodes; a backward that reaches a model's parameters through none of them is refused.
 #include <hasten/error.hpp>
 
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/functions/accumulate_grad.h>
-
 #include <unordered_map>
-#include <unordered_set>
 
+#include "autograd_graph.hpp"
 #include "engine_state.hpp"
 
 namespace hasten::detail {
@@ -50,19 +47,9 @@ void Engine::Impl::check_prepared_forwards(const torch::Tensor& loss) {
 
   // Walk the graph: the models whose outputs it contains, and the leaf tensors it reaches.
   std::vector<bool> called(models.size(), false);
-  std::unordered_set<const void*> leaves;
-  std::unordered_set<const torch::autograd::Node*> seen;
-  std::vector<torch::autograd::Node*> stack{loss.grad_fn().get()};
-  while (!stack.empty()) {
-    torch::autograd::Node* node = stack.back();
-    stack.pop_back();
-    if (!seen.insert(node).second) continue;
+  const auto leaves = graph_leaves(loss.grad_fn().get(), [&](const torch::autograd::Node* node) {
     if (auto it = recorded.find(node); it != recorded.end()) called[it->second] = true;
-    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node))
-      leaves.insert(acc->variable.unsafeGetTensorImpl());
-    for (const auto& edge : node->next_edges())
-      if (edge.function) stack.push_back(edge.function.get());
-  }
+  });
   for (size_t i = 0; i < models.size(); ++i) {
     if (called[i] || models[i].outputs_untracked) continue;
     for (const auto& p : models[i].module->parameters()) {

@@ -27,14 +27,12 @@
 #include <hasten/logging.hpp>
 #include <hasten/torch_compat.hpp>
 
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <limits>
-#include <unordered_set>
 
+#include "autograd_graph.hpp"
 #include "engine_state.hpp"
 
 namespace hasten::detail {
@@ -115,17 +113,7 @@ ShadowRound shadow_layout(int world, const std::vector<ModelEntry>& models,
 std::vector<bool> reached_models(const torch::Tensor& loss, const std::vector<ModelEntry>& models) {
   std::vector<bool> out(models.size(), false);
   if (!loss.grad_fn()) return out;
-  std::unordered_set<const void*> leaves;
-  std::unordered_set<const torch::autograd::Node*> seen;
-  std::vector<torch::autograd::Node*> stack{loss.grad_fn().get()};
-  while (!stack.empty()) {
-    torch::autograd::Node* node = stack.back();
-    stack.pop_back();
-    if (!seen.insert(node).second) continue;
-    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) leaves.insert(acc->variable.unsafeGetTensorImpl());
-    for (const auto& edge : node->next_edges())
-      if (edge.function) stack.push_back(edge.function.get());
-  }
+  const auto leaves = graph_leaves(loss.grad_fn().get());
   for (size_t m = 0; m < models.size(); ++m)
     for (const auto& p : models[m].module->parameters())
       if (leaves.count(p.unsafeGetTensorImpl())) {
