@@ -172,6 +172,9 @@ struct Engine::Impl {
   // Debug mode: every rank checks that all ranks are in the same collective (collectives.cpp).
   void check_collective(const std::string& op, const torch::Tensor& t);
   std::string wait_for_collective(int rank, int64_t n, const std::string& mine);
+
+  // Reads one checkpoint directory into this state, phase by phase (checkpoint_load.cpp).
+  class CheckpointLoad;
 };
 
 }  // namespace hasten::detail
