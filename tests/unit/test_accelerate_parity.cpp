@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "test_tensor_util.hpp"
 #include "test_util.hpp"
 
 using hasten::Accelerator;
@@ -32,19 +33,13 @@ namespace F = torch::nn::functional;
 
 namespace {
 
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error(what);
-}
+using hasten::test::require;
+using hasten::test::to_vector;
 
 std::string str(const torch::Tensor& t) {
   std::ostringstream out;
   out << t.reshape(-1);
   return out.str();
-}
-
-std::vector<int64_t> to_vector(const torch::Tensor& t) {
-  auto c = t.to(torch::kLong).contiguous();
-  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
 // Accelerate's RegressionModel: y = a * x + b.
@@ -180,10 +175,11 @@ struct Truth {
 struct OptSchedCase {
   bool split_batches = false;
   bool sync_each_batch = false;
+  bool dispatch_batches = false;
 };
 
-// test_gradient_accumulation_with_opt_and_scheduler for the combinations Accelerate runs
-// without dispatch_batches (dispatch_batches is branch h15a's): AdamW and LambdaLR (epoch^0.65)
+// test_gradient_accumulation_with_opt_and_scheduler in every combination Accelerate runs (of
+// split_batches, dispatch_batches and sync_each_batch): AdamW and LambdaLR (epoch^0.65)
 // under accumulate over 2 micro-batches, in Accelerate's arithmetic (the loss divided by 2 in
 // every window, the schedule stepped num_processes times per optimizer step unless
 // split_batches). After each micro-batch: the learning rates agree, and the gradients equal the
@@ -199,6 +195,7 @@ void opt_sched_case(const std::string& strategy, OptSchedCase c) {
         o.gradient_accumulation_steps = 2;
         o.split_batches = c.split_batches;
         o.sync_each_batch = c.sync_each_batch;
+        o.dispatch_batches = c.dispatch_batches;  // rank 0 reads, every rank gets its rows
         o.scheduler_steps_per_process = true;
         o.short_window_loss_division = "steps";
         Accelerator acc(o);
@@ -266,6 +263,18 @@ TEST_P(Parity, OptimizerAndSchedulerUnderAccumulationWithSyncEachBatch) { opt_sc
 TEST_P(Parity, OptimizerAndSchedulerUnderAccumulationWithSplitBatches) { opt_sched_case(GetParam(), {true, false}); }
 TEST_P(Parity, OptimizerAndSchedulerUnderAccumulationWithSplitBatchesAndSyncEachBatch) {
   opt_sched_case(GetParam(), {true, true});
+}
+TEST_P(Parity, OptimizerAndSchedulerUnderAccumulationWithDispatchBatches) {
+  opt_sched_case(GetParam(), {false, false, true});
+}
+TEST_P(Parity, OptimizerAndSchedulerUnderAccumulationWithDispatchBatchesAndSyncEachBatch) {
+  opt_sched_case(GetParam(), {false, true, true});
+}
+TEST_P(Parity, OptimizerAndSchedulerUnderAccumulationWithDispatchAndSplitBatches) {
+  opt_sched_case(GetParam(), {true, false, true});
+}
+TEST_P(Parity, OptimizerAndSchedulerUnderAccumulationWithDispatchAndSplitBatchesAndSyncEachBatch) {
+  opt_sched_case(GetParam(), {true, true, true});
 }
 
 // test_gradient_accumulation with split_batches and sync_each_batch (the other combinations

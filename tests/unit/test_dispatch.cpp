@@ -17,41 +17,18 @@
 #include <string>
 #include <vector>
 
+#include "test_tensor_util.hpp"
 #include "test_util.hpp"
 
 using hasten::Accelerator;
-using Lists = std::vector<std::vector<int64_t>>;
+using hasten::test::Lists;
+using hasten::test::require;
+using hasten::test::str;
+using hasten::test::to_vector;
 
 namespace {
 
-hasten::LaunchOptions with_ranks(int n) {
-  static hasten::test::TempDir home;
-  hasten::LaunchOptions o;
-  o.num_processes = n;
-  o.timeout_s = 120;
-  o.env["HASTEN_HOME"] = home.path().string();
-  o.env["HASTEN_TIMEOUT_S"] = "60";
-  return o;
-}
-
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error(what);
-}
-
-std::string str(const Lists& l) {
-  std::string s = "[";
-  for (auto& b : l) {
-    s += "[";
-    for (size_t i = 0; i < b.size(); ++i) s += (i ? "," : "") + std::to_string(b[i]);
-    s += "]";
-  }
-  return s + "]";
-}
-
-std::vector<int64_t> to_vector(const torch::Tensor& t) {
-  auto c = t.to(torch::kLong).contiguous();
-  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-}
+using hasten::test::with_ranks;
 
 // A map-style dataset whose samples are their index, counting the batches fetched in this process.
 struct Numbers {

@@ -16,6 +16,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "test_tensor_util.hpp"
 #include "test_util.hpp"
 
 using hasten::Accelerator;
@@ -48,18 +49,9 @@ struct hasten::Serializer<Sample> {
 namespace {
 
 using hasten::test::require;
+using hasten::test::str;
+using hasten::test::to_vector;
 using hasten::test::with_ranks;
-
-std::string str(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
-std::vector<int64_t> to_vector(const torch::Tensor& t) {
-  auto c = t.to(torch::kLong).contiguous();
-  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-}
 
 // test_ops.py's create_tensor: arange(n) + 1 + n * rank.
 torch::Tensor create_tensor(const Accelerator& acc) {

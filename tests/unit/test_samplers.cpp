@@ -16,10 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "test_tensor_util.hpp"
 #include "test_util.hpp"
 
 using hasten::Accelerator;
-using Lists = std::vector<std::vector<int64_t>>;
+using hasten::test::Lists;
 
 namespace {
 
@@ -29,22 +30,9 @@ hasten::Options isolated() {
 }
 
 using hasten::test::require;
+using hasten::test::str;
+using hasten::test::to_vector;
 using hasten::test::with_ranks;
-
-std::string str(const Lists& l) {
-  std::string s = "[";
-  for (auto& b : l) {
-    s += "[";
-    for (size_t i = 0; i < b.size(); ++i) s += (i ? "," : "") + std::to_string(b[i]);
-    s += "]";
-  }
-  return s + "]";
-}
-
-std::vector<int64_t> to_vector(const torch::Tensor& t) {
-  auto c = t.to(torch::kLong).contiguous();
-  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-}
 
 Lists range_batches(int64_t n, int64_t batch_size, bool drop_last) {
   return hasten::SamplerBatches(std::make_shared<hasten::SequentialSampler>(n), batch_size, drop_last).batches(0);
