@@ -93,7 +93,7 @@ struct Config {
   std::string logging_dir;  // "" -> <project_dir>/hasten_logs
   bool automatic_checkpoint_naming = false;  // save_state(dir) ignores dir: checkpoints/checkpoint_N
   int total_limit = 0;                       // automatic checkpoints kept (0: all)
-  std::string resume = "no";  // "no", "auto" or a checkpoint directory (checkpoint.cpp)
+  std::string resume = "no";  // "no", "auto" or a checkpoint directory (checkpoint_load.cpp)
   double timeout_s = 1800.0;             // every collective wait
   double rendezvous_timeout_s = 300.0;   // rendezvous, store calls, comm connection set-up
   std::string log_level = "info";

@@ -160,7 +160,7 @@ class Engine {
   void set_trigger();
   bool check_trigger();
 
-  // Checkpoints (checkpoint.cpp). An object registered for checkpointing saves and loads
+  // Checkpoints (checkpoint_save.cpp, checkpoint_load.cpp). An object registered for checkpointing saves and loads
   // either bytes or named tensors.
   struct CheckpointObject {
     std::function<std::string()> save_bytes;
