@@ -339,10 +339,13 @@ TEST(Distributed, ADeadPeerIsAnErrorOnTheOthersNotAHang) {
     hasten::launch(
         [marker] {
           Accelerator acc;
+          // Outlive the launcher's SIGTERM long enough to report. Set before the first
+          // collective: rank 1 exits as soon as that one completes, and the launcher's SIGTERM
+          // must not find rank 0 between it and here (it did once, under load).
+          std::signal(SIGTERM, SIG_IGN);
           auto t = torch::ones({4});
           acc.all_reduce_(t).wait();
           if (acc.process_index() == 1) std::_Exit(7);
-          std::signal(SIGTERM, SIG_IGN);  // outlive the launcher's SIGTERM long enough to report
           try {
             for (int i = 0; i < 3; ++i) acc.all_reduce_(t).wait();
           } catch (const hasten::Error& e) {
@@ -375,10 +378,13 @@ TEST(Shm, ADeadPeerIsAnErrorNotAHang) {
     hasten::launch(
         [marker] {
           Accelerator acc;
+          // Outlive the launcher's SIGTERM long enough to report. Set before the first
+          // collective: rank 1 exits as soon as that one completes, and the launcher's SIGTERM
+          // must not find rank 0 between it and here (it did once, under load).
+          std::signal(SIGTERM, SIG_IGN);
           auto t = torch::ones({4});
           acc.all_reduce_(t).wait();
           if (acc.process_index() == 1) std::_Exit(7);
-          std::signal(SIGTERM, SIG_IGN);
           try {
             acc.all_reduce_(t).wait();
           } catch (const hasten::Error& e) {
@@ -418,10 +424,13 @@ TEST(CExampleComm, ADeadPeerIsAnErrorNotAHang) {
     hasten::launch(
         [marker] {
           Accelerator acc;
+          // Outlive the launcher's SIGTERM long enough to report. Set before the first
+          // collective: rank 1 exits as soon as that one completes, and the launcher's SIGTERM
+          // must not find rank 0 between it and here (it did once, under load).
+          std::signal(SIGTERM, SIG_IGN);
           auto t = torch::ones({4});
           acc.all_reduce_(t).wait();
           if (acc.process_index() == 1) std::_Exit(7);
-          std::signal(SIGTERM, SIG_IGN);
           try {
             acc.all_reduce_(t).wait();
           } catch (const hasten::Error& e) {
