@@ -67,6 +67,41 @@ nlohmann::ordered_json to_json(const hasten::MemoryReport& m) {
           {"peak_optimizer", m.peak_optimizer}, {"at_rest", m.at_rest()}};
 }
 
+// --trace-out: rank 0's gradients after every backward and its parameters after every
+// optimizer call, each record every parameter's values in registration order, as raw float32
+// (PREFIX.grads.f32, PREFIX.params.f32; no gradients under zero and fsdp, whose gradients live
+// in the shards). torch_peer.py --trace-out writes the same records, so
+// a parity failure can be found at the first micro-batch and tensor where the two part.
+class Trace {
+ public:
+  Trace(const std::string& prefix, bool enabled, bool with_grads) {
+    if (prefix.empty() || !enabled) return;
+    if (with_grads) grads_.open(prefix + ".grads.f32", std::ios::binary | std::ios::trunc);
+    params_.open(prefix + ".params.f32", std::ios::binary | std::ios::trunc);
+    if ((with_grads && !grads_) || !params_)
+      throw hasten::Error("cannot write --trace-out files '" + prefix + ".*.f32'");
+  }
+  void grads(const std::vector<torch::Tensor>& params) {
+    if (!grads_.is_open()) return;
+    for (const auto& p : params) {
+      // A parameter without a gradient yet is a record of zeros, as PyTorch's zero_grad leaves it.
+      write(grads_, p.grad().defined() ? p.grad() : torch::zeros_like(p));
+    }
+  }
+  void params(const std::vector<torch::Tensor>& params) {
+    if (!params_.is_open()) return;
+    for (const auto& p : params) write(params_, p);
+  }
+
+ private:
+  static void write(std::ofstream& out, const torch::Tensor& t) {
+    const auto c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
+    out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.numel() * sizeof(float)));
+    if (!out) throw hasten::Error("--trace-out: write failed");
+  }
+  std::ofstream grads_, params_;
+};
+
 // The progress bar of a run: on stderr, so that stdout keeps the summary; drawn by the local
 // main process only, and not at all with --quiet.
 hasten::ProgressOptions progress_options(const Args& a, bool local_main) {
@@ -87,6 +122,7 @@ Result train_libtorch(const Args& a, int64_t batch, int64_t total) {
   std::vector<torch::Tensor> losses;
   losses.reserve(static_cast<size_t>(total));
   Result r;
+  Trace trace(a.trace_out, true, true);
   hasten::ProgressBar bar(total, progress_options(a, /*main=*/true));
   Clock::time_point t0 = Clock::now();
   for (int64_t i = 0; i < total; ++i) {
@@ -108,7 +144,9 @@ Result train_libtorch(const Args& a, int64_t batch, int64_t total) {
     }
     auto loss = W::loss(a.workload, out, y);
     loss.backward();
+    trace.grads(model->parameters());
     opt.step();
+    trace.params(model->parameters());
     opt.zero_grad();
     losses.push_back(loss.detach());
     if (bar.enabled()) bar.set("loss", loss.item<double>());
@@ -135,6 +173,16 @@ Result train_hasten(const Args& a, int64_t batch, int64_t total) {
   hasten::DataLoader data(hasten::TensorDataset(inputs, targets), {.batch_size = batch});
 
   auto [net, opt, loader] = acc.prepare(model, optimizer, data);
+  // Under zero and fsdp the gradients live in the shards: the trace holds parameters only,
+  // gathered whole after every optimizer call (a collective: every rank takes part).
+  const bool sharded = acc.strategy() != "ddp" && acc.strategy() != "single";
+  Trace trace(a.trace_out, acc.process_index() == 0, /*grads=*/!sharded);
+  auto full_parameters = [&] {
+    if (!sharded) return net->parameters();
+    std::vector<torch::Tensor> out;
+    for (auto& [name, t] : acc.get_state_dict(net)) out.push_back(t);
+    return out;
+  };
 
   const bool tracking = a.log_every > 0 && !acc.config().trackers.empty();
   if (tracking)
@@ -166,8 +214,10 @@ Result train_hasten(const Args& a, int64_t batch, int64_t total) {
       auto scope = acc.accumulate(net);
       auto loss = W::loss(a.workload, net(W::model_input(a.workload, b.input)), b.target);
       acc.backward(loss);
+      trace.grads(net->parameters());
       if (a.clip > 0 && acc.sync_gradients()) acc.clip_grad_norm_(net, a.clip);
       opt.step();
+      if (!a.trace_out.empty()) trace.params(full_parameters());
       opt.zero_grad();
       losses.push_back(loss.detach());
       ++step;
@@ -240,6 +290,7 @@ int run(const Args& a) {
   const int64_t total = a.warmup + timed;
   if (total <= 0) throw std::invalid_argument("--steps plus --warmup must be positive");
   torch::set_num_threads(a.threads);
+  hasten::set_blas_threads(a.threads);  // OpenBLAS's pool too: its size decides the rounding
 
   Result r = a.impl == "libtorch" ? train_libtorch(a, batch, total) : train_hasten(a, batch, total);
   if (r.rank != 0) return 0;
@@ -274,6 +325,7 @@ int run(const Args& a) {
   rec["torch"] = TORCH_VERSION;
   const auto blas = hasten::blas_info();
   rec["blas"] = blas.library == "openblas" ? "openblas:" + blas.core : blas.library;
+  rec["blas_threads"] = blas.threads;
   if (a.impl == "hasten") {
     rec["strategy"] = r.strategy;
     rec["param_checksum"] = r.param_checksum;

@@ -24,6 +24,7 @@ struct Args {
   bool units = false;        // declare sharding units (for zero/fsdp)
   double clip = 0;           // > 0: clip_grad_norm_ on every synchronising step
   std::string params_out;    // write the final full parameters (safetensors) here
+  std::string trace_out;     // rank 0's gradients and parameters after every micro-batch (raw float32)
   int64_t checkpoint_every = 0;  // > 0: save_state every N steps (into project_dir/checkpoints)
   bool resume = false;           // continue from the newest complete checkpoint, if there is one
   hasten::Options options;

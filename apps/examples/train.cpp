@@ -43,12 +43,15 @@ int main(int argc, char** argv) {
   app.add_option("--log-every,--log_every", a.log_every, "Tracker logging period in steps (0: off)")
       ->check(hasten::cli::integer_in(0, kMaxSteps));
   app.add_flag("--quiet,-q", a.quiet, "No progress bar (it goes to stderr: redrawn on a terminal, else plain lines)");
-  app.add_option("--threads", a.threads, "Intra-op threads")->check(CLI::PositiveNumber);
+  app.add_option("--threads", a.threads, "Intra-op threads (LibTorch's pool and OpenBLAS's)")->check(CLI::PositiveNumber);
   app.add_option("--project", a.project, "Tracker project name");
   app.add_flag("--units", a.units, "Declare every Linear (MLP) or encoder layer (gpt-tiny) a sharding unit");
   app.add_option("--clip", a.clip, "clip_grad_norm_ to this norm on synchronising steps (0: off)")
       ->check(hasten::cli::finite_in(0, 1e30));
   app.add_option("--params-out,--params_out", a.params_out, "Write the final parameters here (safetensors)");
+  app.add_option("--trace-out,--trace_out", a.trace_out,
+                 "Write rank 0's gradients after every backward and parameters after every optimizer "
+                 "call to PREFIX.grads.f32 and PREFIX.params.f32, raw float32 (zero, fsdp: parameters only)");
   std::string project_dir;
   app.add_option("--project_dir,--project-dir", project_dir, "Where checkpoints (and tracker logs) go");
   app.add_option("--checkpoint_every,--checkpoint-every", a.checkpoint_every,

@@ -47,7 +47,12 @@ torch::Tensor CausalBlockImpl::forward(const torch::Tensor& src, const torch::Te
   // Python's F.multi_head_attention_forward for self-attention (q is k is v), need_weights=False.
   const int64_t len = src.size(0), batch = src.size(1), width = src.size(2);
   const int64_t heads = self_attn->options.num_heads(), head_dim = width / heads;
-  const auto qkv = F::linear(src, self_attn->in_proj_weight, self_attn->in_proj_bias).chunk(3, -1);
+  // torch::linear (aten::linear, what Python's F.linear calls), not F::linear or Linear's
+  // forward: for inputs of more than two dimensions LibTorch 1.13's C++ F::linear computes
+  // matmul and then adds the bias, where aten::linear folds the bias into one addmm; once the
+  // inner dimension spans several of the BLAS's blocks (linear2's 1024 under OpenBLAS's
+  // Haswell kernel) the two round differently.
+  const auto qkv = torch::linear(src, self_attn->in_proj_weight, self_attn->in_proj_bias).chunk(3, -1);
   auto split_heads = [&](const torch::Tensor& t) { return t.contiguous().view({len, batch * heads, head_dim}).transpose(0, 1); };
   const torch::Tensor q = split_heads(qkv[0]) / std::sqrt(static_cast<double>(head_dim));
   const torch::Tensor k = split_heads(qkv[1]), v = split_heads(qkv[2]);
@@ -57,10 +62,10 @@ torch::Tensor CausalBlockImpl::forward(const torch::Tensor& src, const torch::Te
   if (self_attn->options.dropout() > 0.0)
     weights = F::dropout(weights, F::DropoutFuncOptions().p(self_attn->options.dropout()).training(is_training()));
   torch::Tensor attn = torch::bmm(weights, v).transpose(0, 1).contiguous().view({len * batch, width});
-  attn = F::linear(attn, self_attn->out_proj->weight, self_attn->out_proj->bias).view({len, batch, width});
+  attn = torch::linear(attn, self_attn->out_proj->weight, self_attn->out_proj->bias).view({len, batch, width});
   // Python's _sa_block and _ff_block, post-norm.
   const torch::Tensor x = norm1(src + dropout1(attn));
-  torch::Tensor hidden = linear1(x);
+  torch::Tensor hidden = torch::linear(x, linear1->weight, linear1->bias);
   const auto& activation = options.activation();
   if (c10::get_if<torch::enumtype::kGELU>(&activation) != nullptr)
     hidden = F::gelu(hidden);
@@ -68,7 +73,7 @@ torch::Tensor CausalBlockImpl::forward(const torch::Tensor& src, const torch::Te
     hidden = (*fn)(hidden);
   else
     hidden = F::relu(hidden);
-  return norm2(x + dropout2(linear2(dropout(hidden))));
+  return norm2(x + dropout2(torch::linear(dropout(hidden), linear2->weight, linear2->bias)));
 }
 
 TinyGptImpl::TinyGptImpl(int64_t vocab, int64_t seq, int64_t d_model, int64_t nhead, int64_t ff,
@@ -100,7 +105,7 @@ torch::Tensor TinyGptImpl::forward(torch::Tensor idx) {
   torch::Tensor h = tok->forward(idx) + pos->forward(positions.narrow(0, 0, s)).unsqueeze(1);
   const torch::Tensor mask = causal_mask.narrow(0, 0, s).narrow(1, 0, s);
   for (auto& block : block_calls) h = block(h, mask);
-  return head->forward(h);
+  return torch::linear(h, head->weight, head->bias);  // aten::linear, as in CausalBlockImpl::forward
 }
 
 std::shared_ptr<ModelImpl> build_model(const std::string& name, bool units) {

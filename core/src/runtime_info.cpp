@@ -75,6 +75,20 @@ BlasInfo blas_info() {
   return info;
 }
 
+bool set_blas_threads(int threads) {
+  for (const auto& path : mapped_blas_libraries()) {
+    if (std::filesystem::path(path).filename().string().find("openblas") == std::string::npos) continue;
+    void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    if (h == nullptr) continue;
+    using set_fn = void (*)(int);
+    auto f = reinterpret_cast<set_fn>(::dlsym(h, "openblas_set_num_threads"));
+    if (f != nullptr) f(std::max(1, threads));
+    ::dlclose(h);
+    if (f != nullptr) return true;
+  }
+  return false;
+}
+
 RuntimeInfo runtime_info() {
   RuntimeInfo r;
   r.hasten_version = version();

@@ -29,6 +29,13 @@ struct RuntimeInfo {
 BlasInfo blas_info();
 RuntimeInfo runtime_info();
 
+// Sizes the loaded OpenBLAS's own thread pool. LibTorch's set_num_threads sizes only its
+// OpenMP pool, and OpenBLAS (Debian's pthread build) otherwise runs one thread per core, or
+// OPENBLAS_NUM_THREADS as read at load: the pool's size decides how a product is split, and so
+// its rounding, so two runs compare bit for bit only with the same size on both sides. Returns
+// false where the BLAS in the process is not OpenBLAS.
+bool set_blas_threads(int threads);
+
 // OpenBLAS 0.3.21 does not recognise some (often virtualised) CPUs and falls back to old
 // SSE kernels, several times slower than what the CPU can run. Given the kernel OpenBLAS
 // picked and the CPU's feature flags (/proc/cpuinfo), the kernel to force with
