@@ -60,6 +60,66 @@ def losses(cmd, env=None):
             return json.load(f)["losses"]
 
 
+class Run:
+    """One training run's losses and, with --trace-out, rank 0's gradients after every
+    backward and parameters after every optimizer call (numpy arrays, a row per micro-batch)."""
+
+    def __init__(self, losses, grads, params):
+        self.losses, self.grads, self.params = losses, grads, params
+
+
+def traced(cmd, env=None, timeout=300):
+    """Runs a hasten-example or torch_peer.py command with --losses-out and --trace-out."""
+    import numpy as np
+    with tempfile.TemporaryDirectory() as d:
+        out, prefix = os.path.join(d, "losses.json"), os.path.join(d, "trace")
+        run(cmd + ["--losses-out", out, "--trace-out", prefix], env=env, check=True, timeout=timeout)
+        with open(out) as f:
+            losses = json.load(f)["losses"]
+
+        def rows(kind):
+            path = f"{prefix}.{kind}.f32"
+            if not os.path.exists(path):
+                return None
+            flat = np.fromfile(path, dtype=np.float32)
+            if flat.size % len(losses):
+                fail(f"{path}: {flat.size} floats are not {len(losses)} records")
+            return flat.reshape(len(losses), -1)
+        return Run(losses, rows("grads"), rows("params"))
+
+
+def first_difference(a, b):
+    """(row, index, |difference|) of the first element where two traces differ, or None."""
+    import numpy as np
+    if a.shape != b.shape:
+        fail(f"traces differ in shape: {a.shape} vs {b.shape}")
+    rows = np.nonzero((a != b).any(axis=1))[0]
+    if rows.size == 0:
+        return None
+    r = int(rows[0])
+    i = int(np.nonzero(a[r] != b[r])[0][0])
+    return r, i, float(abs(a[r][i] - b[r][i]))
+
+
+def check_bitwise(what, a, b):
+    """Losses, gradients (where both runs traced them) and parameters equal to the last bit."""
+    if len(a.losses) != len(b.losses):
+        fail(f"{what}: {len(a.losses)} losses against {len(b.losses)}")
+    for i, (x, y) in enumerate(zip(a.losses, b.losses)):
+        if x != y:
+            fail(f"{what}: the losses part at micro-batch {i}: {x!r} vs {y!r}")
+    for kind in ("grads", "params"):
+        x, y = getattr(a, kind), getattr(b, kind)
+        if x is None or y is None:
+            continue
+        d = first_difference(x, y)
+        if d is not None:
+            fail(f"{what}: the {kind} part after micro-batch {d[0]}, element {d[1]} (|diff| {d[2]:.3g}); "
+                 f"{int((x != y).sum())} of {x.size} values differ over the run")
+    traced = " and ".join(k for k in ("grads", "params") if getattr(a, k) is not None and getattr(b, k) is not None)
+    print(f"{what}: bitwise equal ({len(a.losses)} losses" + (f", {traced} after every micro-batch)" if traced else ")"))
+
+
 def max_abs_diff(a, b):
     if len(a) != len(b):
         fail(f"loss lists differ in length: {len(a)} vs {len(b)}")

@@ -1,5 +1,10 @@
 """DDP over 2 processes (hasten launch, and the same binary under torchrun and SLURM-style
-environments) matches one process on the global batch and PyTorch's own DDP, within 1e-5."""
+environments) is PyTorch's own DDP to the last bit, with and without 4 accumulation steps:
+losses, rank 0's gradients after every backward (local sums under no_sync, averaged at the
+sync micro-batch) and parameters after every step. Against one process on the global batch
+the arithmetic differs (a mean of 64 against the mean of two means of 32, products blocked
+over other sizes), so that comparison is held to PyTorch's own difference between its DDP
+and its one process on the same machine: hasten's may not exceed it (docs/strategies.md)."""
 import os
 import socket
 import subprocess
@@ -9,39 +14,53 @@ import harness as h
 
 STEPS = ["--workload", "mlp-small", "--warmup", "0", "--steps", "20", "--log-every", "0"]
 EXAMPLE = os.path.join(h.BIN, "hasten-example")
+# A sanity bound for the global-batch comparison: PyTorch's own drift on this workload has
+# been 1e-7 to 1.5e-4 over 20 micro-batches, by machine and BLAS kernel; far beyond it the
+# two sides would not be training the same thing and "no more than PyTorch" would mean nothing.
+SAME_TRAINING = 1e-3
 
 
-def check(name, a, b, tol):
-    d = h.max_abs_diff(a, b)
-    print(f"{name}: max |diff| = {d:.3g}")
-    if d > tol:
-        h.fail(f"{name}: losses differ by {d} (tolerance {tol})")
+def per_step_drift(a, b):
+    return [abs(x - y) for x, y in zip(a, b)]
 
 
 with tempfile.TemporaryDirectory() as tmp:
     env = {"HASTEN_HOME": os.path.join(tmp, "home")}
     for accum in (1, 4):
         extra = ["--gradient_accumulation_steps", str(accum)] if accum > 1 else []
-        mode = "ddp2" + ("-accum4" if accum > 1 else "")
-        ddp = h.losses(h.hasten("launch", "--num_processes", "2", *extra, EXAMPLE, *STEPS), env=env)
-        global_batch = h.losses(h.example(*STEPS, "--batch", "64", *extra), env=env)
-        torch_ddp = h.losses(h.peer(*STEPS[:6], "--mode", mode), env=env)
-        if len(ddp) != 20:
-            h.fail(f"{mode}: expected 20 losses, got {len(ddp)}")
-        if accum == 1:
-            check(f"{mode} vs one process on the global batch", ddp, global_batch, 1e-5)
-        else:
-            # Two ranks average per-rank means; one process takes the mean of the global batch:
-            # the same math, rounded differently. Over several Adam steps on accumulated
-            # gradients that difference grows to ~5e-5 by micro-batch 20, and PyTorch shows
-            # exactly the same drift (its single-process accumulation against its own DDP), so the
-            # first two windows are held to 1e-5 and the rest to 1e-4; PyTorch DDP below is
-            # matched to 1e-5 over all 20.
-            check(f"{mode} vs one process on the global batch (2 windows)", ddp[:8], global_batch[:8], 1e-5)
-            check(f"{mode} vs one process on the global batch (20 micro-batches)", ddp, global_batch, 1e-4)
-        check(f"{mode} vs PyTorch DDP", ddp, torch_ddp, 1e-5)
+        suffix = "-accum4" if accum > 1 else ""
+        ddp = h.traced(h.hasten("launch", "--num_processes", "2", *extra, EXAMPLE, *STEPS), env=env)
+        torch_ddp = h.traced(h.peer(*STEPS[:6], "--mode", "ddp2" + suffix), env=env)
+        if len(ddp.losses) != 20:
+            h.fail(f"ddp2{suffix}: expected 20 losses, got {len(ddp.losses)}")
+        h.check_bitwise(f"ddp2{suffix} vs PyTorch DDP" + (" with no_sync" if accum > 1 else ""), ddp, torch_ddp)
+
+        # One process on the global batch: first like with like (hasten's one process is
+        # PyTorch's, bitwise), then the DDP runs' distance from it against PyTorch's own.
+        one = h.traced(h.example(*STEPS, "--batch", "64", *extra), env=env)
+        torch_one = h.traced(h.peer(*STEPS[:6], "--batch", "64", "--mode", "single" + suffix), env=env)
+        h.check_bitwise(f"single{suffix} on the global batch vs PyTorch's", one, torch_one)
+        ours, theirs = per_step_drift(ddp.losses, one.losses), per_step_drift(torch_ddp.losses, torch_one.losses)
+        print(f"ddp2{suffix} vs one process on the global batch: max |diff| = {max(ours):.3g} "
+              f"(PyTorch's own: {max(theirs):.3g})")
+        for i, (d, bound) in enumerate(zip(ours, theirs)):
+            if d > bound:
+                h.fail(f"ddp2{suffix} vs one process on the global batch: micro-batch {i} differs by {d:.3g}, "
+                       f"more than PyTorch's own DDP from its one process ({bound:.3g})")
+        if max(theirs) > SAME_TRAINING:
+            h.fail(f"ddp2{suffix}: PyTorch's DDP and one process differ by {max(theirs):.3g}, more than "
+                   f"{SAME_TRAINING}: the runs do not train the same thing")
         if accum == 1:
             reference = ddp
+
+    def check_same(what, losses_path):
+        import json
+        with open(losses_path) as f:
+            losses = json.load(f)["losses"]
+        if losses != reference.losses:
+            d = h.max_abs_diff(losses, reference.losses)
+            h.fail(f"{what}: losses differ from hasten launch's by up to {d:.3g} (expected bitwise equal)")
+        print(f"{what}: bitwise equal losses")
 
     # The same program under torchrun (flags that dodge Debian's Python 3.11 redirects bug).
     out = os.path.join(tmp, "torchrun.json")
@@ -54,9 +73,7 @@ with tempfile.TemporaryDirectory() as tmp:
                "--losses-out", out], env=env, timeout=300)
     if p.returncode != 0:
         h.fail(f"torchrun run failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
-    import json
-    with open(out) as f:
-        check("torchrun vs hasten launch", json.load(f)["losses"], reference, 1e-6)
+    check_same("torchrun vs hasten launch", out)
 
     # A SLURM-style environment (srun sets these; no RANK/WORLD_SIZE).
     with socket.socket() as s:
@@ -75,6 +92,5 @@ with tempfile.TemporaryDirectory() as tmp:
         o, e = p.communicate(timeout=300)
         if p.returncode != 0:
             h.fail(f"SLURM-style rank failed ({p.returncode}):\n{o}\n{e}")
-    with open(out) as f:
-        check("SLURM-style vs hasten launch", json.load(f)["losses"], reference, 1e-6)
+    check_same("SLURM-style vs hasten launch", out)
 print("ddp parity: OK")
