@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 BUILD_TYPE ?= Release
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test fuzz demo bench install clean
+.PHONY: all deps configure build test test-slow fuzz demo bench install clean
 
 all: build
 
@@ -18,8 +18,13 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# Tests labelled slow (the parity tests under every OpenBLAS kernel, ~20 min) are left out;
+# `make test-slow` runs them.
 test: build
-	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE '^slow$$' $(CTEST_ARGS)
+
+test-slow: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure -L '^slow$$' $(CTEST_ARGS)
 
 # Not part of `make test`: the config and safetensors fuzz tests from FUZZ_SEED (default: the
 # time) for FUZZ_SECONDS each (default 120). `make fuzz FUZZ_SEED=7 FUZZ_SECONDS=600`.

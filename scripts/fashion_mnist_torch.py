@@ -16,7 +16,8 @@ Nothing from hasten is imported; everything the C++ example does is done here th
   rank r takes batch b at positions (b * world + r) * batch ... + batch of that order, and the
   last round is completed by wrapping to the start of the order (hasten's even_batches);
 - optimizer: Adam(lr), the lr decaying along a half cosine to 0 at the last step (hasten's
-  cosine_with_warmup with no warmup), one intra-op thread per process (--threads);
+  cosine_with_warmup with no warmup), one intra-op thread per process (--threads) in LibTorch's
+  pool and in OpenBLAS's, which set_num_threads does not reach;
 - two or more processes: DistributedDataParallel with its defaults on a Gloo process group
   (env://), the copies started by this script (or by torchrun: RANK and WORLD_SIZE set);
 - evaluation: the 10,000 test images sharded the same way (batches of --eval_batch_size), each
@@ -30,6 +31,7 @@ threads. --print_order N prints, per rank, the sample indices of the first N bat
 as JSON lines ({"rank": r, "batch": b, "indices": [...]}) and exits without training.
 """
 import argparse
+import ctypes
 import datetime
 import gzip
 import json
@@ -48,6 +50,19 @@ import torch.nn.functional as F
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
 MEAN, STD = 0.2860, 0.3530  # fashion_mnist_data.cpp's kMean, kStd
 STUCK_RANK_GRACE_S = 20
+
+
+def set_blas_threads(n):
+    """Sizes OpenBLAS's own pool (Debian's pthread build starts a thread per core), as
+    hasten-fashion-mnist --threads does: the pool's size decides how products are split."""
+    with open("/proc/self/maps") as f:
+        paths = sorted({line.split()[5] for line in f if len(line.split()) >= 6 and "libopenblas" in line})
+    for path in paths:
+        try:
+            ctypes.CDLL(path).openblas_set_num_threads(n)
+            return
+        except (OSError, AttributeError):
+            continue
 
 
 def die(msg, code=2):
@@ -251,6 +266,7 @@ def main():
     train_x, train_y = read_split(a.data_dir, "train")
     test_x, test_y = read_split(a.data_dir, "t10k")
     torch.set_num_threads(a.threads)
+    set_blas_threads(a.threads)
     if world > 1:
         dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(minutes=10))

@@ -41,3 +41,18 @@ TEST(BlasInfo, NamesTheLibraryInUse) {
     EXPECT_FALSE(info.core.empty());
   }
 }
+
+TEST(BlasInfo, SetBlasThreadsSizesOpenBlasOwnPool) {
+  const auto before = hasten::blas_info();
+  if (before.library != "openblas") {
+    EXPECT_FALSE(hasten::set_blas_threads(2)) << "only OpenBLAS has a pool to size";
+    GTEST_SKIP() << "the BLAS is " << before.library;
+  }
+  for (int n : {3, 1}) {
+    ASSERT_TRUE(hasten::set_blas_threads(n));
+    EXPECT_EQ(hasten::blas_info().threads, n);
+  }
+  EXPECT_TRUE(hasten::set_blas_threads(0));  // at least one thread
+  EXPECT_EQ(hasten::blas_info().threads, 1);
+  hasten::set_blas_threads(before.threads);
+}
