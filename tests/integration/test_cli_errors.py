@@ -53,6 +53,8 @@ with tempfile.TemporaryDirectory() as d:
         (h.example("--workload", "mlp-huge"), "example with an unknown workload", None),
         (h.example("--steps", "1", "--warmup", "0", "--mixed_precision", "fp16"), "fp16 on a CPU", "needs a CUDA device"),
         (h.example("--steps", "1", "--warmup", "0", "--strategy", "sngle"), "an unknown strategy", "did you mean 'single'"),
+        (h.example("--steps", "1", "--warmup", "0", "--trace-out", os.path.join(d, "no-such-dir", "t")),
+         "a --trace-out prefix in a missing directory", "--trace-out"),
         (h.example("--steps", "1", "--warmup", "0", "--strategy", not_plugin), "a strategy file that is not a library",
          "not a loadable library"),
         (h.example("--steps", "1", "--warmup", "0", "--set", "gradient_accumulation_steps=0"), "accumulation of 0",
