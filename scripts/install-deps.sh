@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages hasten needs to build, test and run; idempotent: it does
-# nothing when every package is already present, and runs `apt-get update` only before a
-# real install (a fresh machine has no package lists).
+# Installs what hasten needs to build, test and run; idempotent: it does nothing when
+# everything is already present.
+#
+# 1. Debian 12 packages (the toolchain and the C/C++ libraries); `apt-get update` runs only
+#    before a real install (a fresh machine has no package lists).
+# 2. The project's Python environment `.venv`: LibTorch comes from PyTorch's PyPI wheel (the CUDA
+#    build, which also runs on machines without a GPU), pinned with everything the tests and
+#    peers need in scripts/venv-requirements.txt. The environment lives in a cache shared by
+#    clones, keyed by the pins and the interpreter, and `.venv` links to it, so a fresh clone
+#    (CI's) does not download ~3 GB again. HASTEN_VENV_CACHE moves the cache;
+#    HASTEN_PYTHON picks the interpreter the environment is made from (default: python3).
 set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config
-  libtorch-dev python3-torch        # tensors/autograd/optim/TCPStore; the parity oracle
-  libopenblas0-pthread              # fast float32 products (the reference BLAS is ~10x slower)
-  libgloo-dev                       # CPU collectives (comm plugin gloo)
+  python3 python3-venv              # the interpreter .venv is made from
+  libgloo-dev                       # CPU collectives (comm plugin gloo), linked statically
   libboost-dev libboost-filesystem-dev   # Boost.DLL
-  libcli11-dev libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libdlpack-dev
+  libcli11-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev libdlpack-dev
   libgtest-dev libgmock-dev
   libprotobuf-dev protobuf-compiler # tensorboard tracker: event/summary messages from a .proto subset
-  python3-protobuf                  # the integration tests' TensorBoard event-file reader
   binutils file jq procps
   zlib1g-dev                        # gzread for the Fashion-MNIST example's IDX files
   dataset-fashion-mnist             # the real data set of `make demo` and its tests
@@ -28,19 +35,63 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  echo "deps: installing ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+      echo "deps: error: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; fi
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  if ! $sudo apt-get update -q; then
+    echo "deps: error: apt-get update failed; cannot install ${missing[*]}" >&2; exit 1
+  fi
+  if ! $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"; then
+    echo "deps: error: apt-get install failed for: ${missing[*]}" >&2; exit 1
+  fi
+  echo "deps: installed ${#missing[@]} packages"
 fi
-echo "deps: installing ${missing[*]}"
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
-    echo "deps: error: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; fi
+
+# --- the Python environment -------------------------------------------------------------
+requirements="$root/scripts/venv-requirements.txt"
+python="${HASTEN_PYTHON:-python3}"
+if ! command -v "$python" >/dev/null 2>&1; then
+  echo "deps: error: no Python interpreter '$python' (set HASTEN_PYTHON)" >&2; exit 1
 fi
-export DEBIAN_FRONTEND=noninteractive
-if ! $sudo apt-get update -q; then
-  echo "deps: error: apt-get update failed; cannot install ${missing[*]}" >&2; exit 1
+pyver="$("$python" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
+key="$( { cat "$requirements"; echo "python=$pyver"; } | sha256sum | cut -c1-16)"
+cache="${HASTEN_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hasten/venvs}"
+venv="$cache/$key"
+mkdir -p "$cache"
+
+# One installer at a time per cache (two clones set up at once share it).
+exec 9>"$cache/.lock"
+flock 9
+if [ ! -f "$venv/.hasten-complete" ]; then
+  echo "deps: making the Python environment $venv (python $pyver, pins scripts/venv-requirements.txt)"
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+  if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"; then
+    rm -rf "$venv"
+    echo "deps: error: pip could not install scripts/venv-requirements.txt" >&2; exit 1
+  fi
+  # A check that the wheel can build C++ (the CPU-only wheels of some releases ship no c10/
+  # headers) before the environment is declared complete.
+  if ! "$venv/bin/python" - <<'EOF'
+import os, sys, torch
+inc = os.path.join(os.path.dirname(torch.__file__), "include")
+for h in ("c10/core/Device.h", "torch/csrc/api/include/torch/torch.h"):
+    if not os.path.exists(os.path.join(inc, h)):
+        sys.exit("deps: error: torch %s ships no %s: it cannot build C++" % (torch.__version__, h))
+EOF
+  then rm -rf "$venv"; exit 1; fi
+  touch "$venv/.hasten-complete"
 fi
-if ! $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"; then
-  echo "deps: error: apt-get install failed for: ${missing[*]}" >&2; exit 1
+flock -u 9
+
+# .venv: the link into the cache (or a user's own environment, which is left alone).
+if [ -L "$root/.venv" ] || [ ! -e "$root/.venv" ]; then
+  ln -sfn "$venv" "$root/.venv"
 fi
-echo "deps: installed ${#missing[@]} packages"
+echo "deps: .venv -> $(readlink -f "$root/.venv") (torch $("$root/.venv/bin/python" -c 'import torch; print(torch.__version__)'))"
