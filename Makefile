@@ -4,6 +4,9 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 BUILD_TYPE ?= Release
 CTEST_ARGS ?=
+# The project's interpreter (scripts/install-deps.sh makes .venv: torch, accelerate, ...); the
+# bench scripts and their PyTorch and accelerate peers run on it, never on the system's python3.
+PYTHON ?= .venv/bin/python
 
 .PHONY: all deps configure build test test-slow fuzz demo bench install clean
 
@@ -34,13 +37,14 @@ fuzz: build
 demo: build
 	@bash scripts/demo.sh $(BUILD_DIR)
 
-# Not part of `make test` (no timing in tests): hasten vs the plain LibTorch loop vs PyTorch,
-# the table of docs/benchmarks.md. `make bench BENCH_ARGS="--workloads mlp-small --repeats 1"`
-# runs a part of it; `BENCH_ARGS="--workloads --no-collectives --fashion-mnist --fmnist-max-steps 200
+# Not part of `make test` (no timing in tests): hasten vs the plain LibTorch loop vs PyTorch
+# (and, in the ddp2 modes, PyTorch's loop under accelerate launch), the table of
+# docs/benchmarks.md. `make bench BENCH_ARGS="--workloads mlp-small --repeats 1"` runs a part
+# of it; `BENCH_ARGS="--workloads --no-collectives --fashion-mnist --fmnist-max-steps 200
 # --repeats 1"` a short Fashion-MNIST row (hasten DDP vs PyTorch DDP on 2 processes).
 bench: build
-	@if [ -n "$(BENCH_ARGS)" ]; then /usr/bin/python3 scripts/bench.py --build $(BUILD_DIR) $(BENCH_ARGS); \
-	 else bash scripts/bench_all.sh $(BUILD_DIR); fi
+	@if [ -n "$(BENCH_ARGS)" ]; then $(PYTHON) scripts/bench.py --build $(BUILD_DIR) $(BENCH_ARGS); \
+	 else PYTHON=$(PYTHON) bash scripts/bench_all.sh $(BUILD_DIR); fi
 
 install: build
 	@cmake --install $(BUILD_DIR) --prefix $(or $(PREFIX),/usr/local)

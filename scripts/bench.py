@@ -1,24 +1,34 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """`make bench`: hasten, the plain LibTorch loop and PyTorch (tests/integration/peers/torch_peer.py)
 side by side on the workloads of docs/workloads.md, interleaved round by round (A B C A B C
 ...), then the collectives micro-benchmark. Prints markdown tables of medians and of ratios
 taken within each round, and writes them with every raw record to <out>/.
 
-    /usr/bin/python3 scripts/bench.py --build build [--repeats 3] [--workloads ...] [--modes ...]
-    /usr/bin/python3 scripts/bench.py --build build --workloads --no-collectives --fashion-mnist [--fmnist-max-steps N]
+    .venv/bin/python scripts/bench.py --build build [--repeats 3] [--workloads ...] [--modes ...]
+    .venv/bin/python scripts/bench.py --build build --workloads --no-collectives --fashion-mnist [--fmnist-max-steps N]
+
+Run it with the project's interpreter (.venv, made by `make deps`; `make bench` does): every
+Python peer runs on the interpreter that runs this script (sys.executable), and the accelerate
+peer under the accelerate installed beside it.
+
+In the ddp2 modes a fourth side runs: the PyTorch DDP peer's loop through HuggingFace Accelerate
+(scripts/accelerate_peer.py: Accelerator.prepare, accumulate, backward; the same seed, batches
+and optimizer, losses bitwise the DDP peer's) under `accelerate launch`, 2 CPU processes on Gloo.
 
 --fashion-mnist adds the real-data row: hasten-fashion-mnist trained with DDP under `hasten
 launch --num_processes 2` against scripts/fashion_mnist_torch.py (the same CNN, data order,
 optimizer and schedule in PyTorch, DistributedDataParallel on Gloo, 2 processes): samples/s of
 the training loops and the final test accuracy of each, interleaved round by round.
 
-Every side runs with the same BLAS settings: one thread per process and the OpenBLAS kernel
-that hasten-bench reports (`hasten-bench --print-blas-env`)."""
+Every side runs with the same BLAS settings: one thread per process (OMP_NUM_THREADS=1 and the
+peers' torch.set_num_threads(1), which in the wheel also sizes MKL's pool), and the settings
+`hasten-bench --print-blas-env` prints (an OPENBLAS_CORETYPE where hasten's BLAS is OpenBLAS)."""
 import argparse
 import json
 import os
 import platform
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -27,7 +37,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER = os.path.join(ROOT, "tests", "integration", "peers", "torch_peer.py")
 FMNIST_PEER = os.path.join(ROOT, "scripts", "fashion_mnist_torch.py")
+ACCELERATE_PEER = os.path.join(ROOT, "scripts", "accelerate_peer.py")
+# The venv's accelerate: the console script installed beside the interpreter running this.
+ACCELERATE = os.path.join(os.path.dirname(sys.executable), "accelerate")
 PEER_MODES = {"single", "ddp2", "ddp2-accum4", "bf16"}
+ACCELERATE_MODES = {"ddp2", "ddp2-accum4"}
 LIBTORCH_MODES = {"single", "bf16"}
 ALL_MODES = ["single", "bf16", "ddp2", "ddp2-accum4", "zero1", "zero2", "zero3", "fsdp"]
 WORKLOADS = ["mlp-small", "gpt-tiny", "mlp-large"]
@@ -50,6 +64,21 @@ def run_json(cmd, env, log, timeout=3600):
         if line.startswith("{"):
             out.append(json.loads(line))
     return out
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accelerate_command(workload, mode, steps):
+    """`accelerate launch` of scripts/accelerate_peer.py on 2 CPU processes. --multi_gpu, not
+    --cpu: `--cpu --num_processes 2` starts a single process (without mpirun); --multi_gpu starts
+    2 with torchrun, and the script's Accelerator(cpu=True) keeps them on the CPU, on Gloo."""
+    return [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+            ACCELERATE_PEER, "--workload", workload, "--mode", mode, *steps]
 
 
 def median(xs):
@@ -78,7 +107,7 @@ def run_fashion_mnist(args, out_dir, env, log, raw):
         else:
             hasten_cmd = hasten_program
         sides = [("hasten", hasten_cmd),
-                 ("torch", ["/usr/bin/python3", FMNIST_PEER, *common, "--num_processes", n])]
+                 ("torch", [sys.executable, FMNIST_PEER, *common, "--num_processes", n])]
         for impl, cmd in sides:
             for rec in run_json(cmd, env, log):
                 rec.update({"round": r, "impl": impl, "workload": "fashion-mnist"})
@@ -144,6 +173,14 @@ def main():
     blas_line = [l[2:] for l in blas if l.startswith("# ")]
     settings = {k: env.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
 
+    # The accelerate side reads no accelerate config of the user's (~/.cache/huggingface): its
+    # settings are all on its command line.
+    accelerate_env = dict(env, HF_HOME=os.path.join(out_dir, "home", "huggingface"))
+    with_accelerate = os.path.exists(ACCELERATE)
+    if not with_accelerate and ACCELERATE_MODES & set(args.modes) and args.workloads:
+        print(f"bench: warning: no accelerate beside {sys.executable} ({ACCELERATE}): the accelerate side is left "
+              "out; run bench.py with the project's .venv/bin/python (`make deps`)", file=sys.stderr)
+
     records = []
     log = open(os.path.join(out_dir, "bench.log"), "w")
     raw = open(os.path.join(out_dir, "results.jsonl"), "w")  # every record as soon as it exists
@@ -153,13 +190,16 @@ def main():
         # made minutes apart at most, not a whole mode's rounds apart.
         for r in range(args.repeats):
             for mode in args.modes:
-                sides = [("hasten", [bench, "--workload", w, "--mode", mode, "--impl", "hasten", "--quiet", *steps])]
+                sides = [("hasten", [bench, "--workload", w, "--mode", mode, "--impl", "hasten", "--quiet", *steps], env)]
                 if mode in LIBTORCH_MODES:
-                    sides.append(("libtorch", [bench, "--workload", w, "--mode", mode, "--impl", "libtorch", "--quiet", *steps]))
+                    sides.append(("libtorch", [bench, "--workload", w, "--mode", mode, "--impl", "libtorch", "--quiet", *steps],
+                                  env))
                 if mode in PEER_MODES:
-                    sides.append(("torch", ["/usr/bin/python3", PEER, "--workload", w, "--mode", mode, *steps]))
-                for impl, cmd in sides:
-                    for rec in run_json(cmd, env, log):
+                    sides.append(("torch", [sys.executable, PEER, "--workload", w, "--mode", mode, *steps], env))
+                if mode in ACCELERATE_MODES and with_accelerate:
+                    sides.append(("accelerate", accelerate_command(w, mode, steps), accelerate_env))
+                for impl, cmd, side_env in sides:
+                    for rec in run_json(cmd, side_env, log):
                         rec.update({"round": r, "impl": impl, "mode": mode, "workload": w})
                         records.append(rec)
                         raw.write(json.dumps(rec) + "\n")
@@ -171,7 +211,7 @@ def main():
     collectives = []
     if not args.no_collectives:
         collectives += run_json([bench, "--collectives"], env, log)
-        collectives += run_json(["/usr/bin/python3", os.path.join(ROOT, "scripts", "bench_collectives_torch.py")], env, log)
+        collectives += run_json([sys.executable, os.path.join(ROOT, "scripts", "bench_collectives_torch.py")], env, log)
     for rec in collectives:
         raw.write(json.dumps(rec) + "\n")
     raw.close()
@@ -181,13 +221,14 @@ def main():
              f"BLAS: {blas_line[0] if blas_line else 'unknown'}; settings: {settings}; {args.repeats} rounds.", ""]
     for w in args.workloads:
         lines += [f"### {w}", "",
-                  "| mode | hasten steps/s | plain LibTorch | PyTorch | hasten / LibTorch | hasten / PyTorch | hasten / hasten ddp2 | peak RSS MiB (hasten, rank 0) |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| mode | hasten steps/s | plain LibTorch | PyTorch | accelerate | hasten / LibTorch | hasten / PyTorch | "
+                  "hasten / accelerate | hasten / hasten ddp2 | peak RSS MiB (hasten, rank 0) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         ddp = {rec["round"]: rec["steps_per_s"] for rec in records
                if rec["workload"] == w and rec["mode"] == "ddp2" and rec["impl"] == "hasten"}
         for mode in args.modes:
             by = lambda impl: {rec["round"]: rec for rec in records if rec["workload"] == w and rec["mode"] == mode and rec["impl"] == impl}
-            h, l, t = by("hasten"), by("libtorch"), by("torch")
+            h, l, t, a = by("hasten"), by("libtorch"), by("torch"), by("accelerate")
             ratio = lambda other: median([h[r]["steps_per_s"] / other[r]["steps_per_s"] for r in h if r in other]) if other else None
             vs_ddp = (median([h[r]["steps_per_s"] / ddp[r] for r in h if r in ddp])
                       if mode in ("zero1", "zero2", "zero3", "fsdp") and ddp else None)
@@ -195,7 +236,9 @@ def main():
             lines.append(f"| {mode} | {fmt(median([x['steps_per_s'] for x in h.values()]))} | "
                          f"{fmt(median([x['steps_per_s'] for x in l.values()])) if l else '-'} | "
                          f"{fmt(median([x['steps_per_s'] for x in t.values()])) if t else '-'} | "
+                         f"{fmt(median([x['steps_per_s'] for x in a.values()])) if a else '-'} | "
                          f"{fmt(ratio(l), 2) if l else '-'} | {fmt(ratio(t), 2) if t else '-'} | "
+                         f"{fmt(ratio(a), 2) if a else '-'} | "
                          f"{fmt(vs_ddp, 2) if vs_ddp else '-'} | {fmt(rss)} |")
         lines.append("")
     if fmnist:

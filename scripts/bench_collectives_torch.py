@@ -1,7 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """c10d's ProcessGroupGloo on the same buffers as `hasten-bench --collectives`: allreduce,
 allgather and reduce_scatter of 4 KiB to 64 MiB float32 between 2 processes; one JSON line per
-(op, size) with the median time of the slowest rank. Run with /usr/bin/python3."""
+(op, size) with the median time of the slowest rank. Run with the project's interpreter:
+
+    .venv/bin/python scripts/bench_collectives_torch.py [MAX_BYTES]"""
 import json
 import os
 import socket
@@ -40,7 +42,7 @@ def worker(rank, world, max_bytes):
                 c0 = time.perf_counter()
                 for _ in range(3):
                     once()
-            except RuntimeError as e:  # ProcessGroupGloo in torch 1.13 has no reduce_scatter
+            except RuntimeError as e:  # a ProcessGroupGloo without it (torch 1.13's had no reduce_scatter)
                 if rank == 0:
                     print(json.dumps({"impl": "torch", "comm": "c10d-gloo", "op": op, "bytes": size,
                                       "unsupported": str(e).splitlines()[0]}), flush=True)

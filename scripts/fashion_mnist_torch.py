@@ -1,11 +1,12 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """hasten-fashion-mnist (apps/examples/fashion_mnist.cpp) written in plain PyTorch: the peer that
 `make bench` (scripts/bench.py --fashion-mnist) times next to hasten on the real data set.
 
-    /usr/bin/python3 scripts/fashion_mnist_torch.py --epochs 1 --num_processes 2 --json
-    /usr/bin/python3 scripts/fashion_mnist_torch.py --max_steps 200 --print_order 2
+    .venv/bin/python scripts/fashion_mnist_torch.py --epochs 1 --num_processes 2 --json
+    .venv/bin/python scripts/fashion_mnist_torch.py --max_steps 200 --print_order 2
 
-Use Debian's /usr/bin/python3 (python3-torch 1.13, the LibTorch build hasten links against).
+Run it with the project's interpreter, .venv/bin/python (made by `make deps`): its torch is the
+PyPI wheel whose LibTorch hasten builds against.
 Nothing from hasten is imported; everything the C++ example does is done here the same way:
 
 - data: the four gzip IDX files of Debian's dataset-fashion-mnist, scaled to [0, 1] and centred
@@ -16,8 +17,8 @@ Nothing from hasten is imported; everything the C++ example does is done here th
   rank r takes batch b at positions (b * world + r) * batch ... + batch of that order, and the
   last round is completed by wrapping to the start of the order (hasten's even_batches);
 - optimizer: Adam(lr), the lr decaying along a half cosine to 0 at the last step (hasten's
-  cosine_with_warmup with no warmup), one intra-op thread per process (--threads) in LibTorch's
-  pool and in OpenBLAS's, which set_num_threads does not reach;
+  cosine_with_warmup with no warmup), one intra-op thread per process (--threads): LibTorch's
+  pool and, in the wheel, MKL's (its CPU BLAS), both sized by set_num_threads;
 - two or more processes: DistributedDataParallel with its defaults on a Gloo process group
   (env://), the copies started by this script (or by torchrun: RANK and WORLD_SIZE set);
 - evaluation: the 10,000 test images sharded the same way (batches of --eval_batch_size), each
@@ -53,10 +54,17 @@ STUCK_RANK_GRACE_S = 20
 
 
 def set_blas_threads(n):
-    """Sizes OpenBLAS's own pool (Debian's pthread build starts a thread per core), as
-    hasten-fashion-mnist --threads does: the pool's size decides how products are split."""
-    with open("/proc/self/maps") as f:
-        paths = sorted({line.split()[5] for line in f if len(line.split()) >= 6 and "libopenblas" in line})
+    """The BLAS pool's size decides how products are split, as hasten-fashion-mnist --threads
+    sizes it. In the wheel torch.set_num_threads(n) does it (MKL's pool with OpenMP's) and there
+    is nothing to do here; only where an OpenBLAS is loaded (a torch built on Debian's pthread
+    OpenBLAS, whose pool set_num_threads does not reach) is that pool sized by its own call.
+    numpy's bundled libscipy_openblas64_ is not torch's BLAS and is left alone."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({line.split()[5] for line in f if len(line.split()) >= 6
+                            and os.path.basename(line.split()[5]).startswith("libopenblas")})
+    except OSError:
+        return
     for path in paths:
         try:
             ctypes.CDLL(path).openblas_set_num_threads(n)
@@ -197,7 +205,7 @@ def free_port():
 def run_ranks(world):
     """Runs `world` copies of this command line as ranks 0..world-1 (torchrun's environment);
     a failing rank ends the others; a rank still running well after rank 0 finished (Gloo
-    teardown has hung on 1.13) is killed and the run counts as done."""
+    teardown has hung on torch 1.13) is killed and the run counts as done."""
     env = dict(os.environ, WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     cmd = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:]
     procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(world)]
@@ -294,7 +302,7 @@ def main():
             loss.backward()
             adam.step()
             schedule.step()
-            adam.zero_grad(set_to_none=False)  # LibTorch 1.13's zero_grad zeroes in place
+            adam.zero_grad(set_to_none=False)  # zeroed in place; torch >= 2.0 defaults to None
             step += 1
             if a.max_steps and step >= a.max_steps:
                 break
@@ -318,7 +326,7 @@ def main():
                   f"{round(samples_per_s)} samples/s, {seconds:.1f} s", flush=True)
     if world > 1:
         dist.barrier()
-        # Leave without tearing the process group down (it has hung a rank on 1.13).
+        # Leave without tearing the process group down (it has hung a rank on torch 1.13).
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

@@ -14,5 +14,7 @@ export HASTEN_HOME=$(mktemp -d)
 trap 'rm -rf "$HASTEN_HOME"' EXIT
 "$build/bin/hasten_core_tests" --gtest_filter='ConfigFuzz.*'
 "$build/bin/hasten_torch_tests" --gtest_filter='SafetensorsFuzz.*'
+# The project's interpreter (.venv, made by `make deps`), as ctest runs the integration tests.
+python=${HASTEN_TEST_PYTHON:-$(dirname "$0")/../.venv/bin/python}
 HASTEN_TEST_BIN_DIR="$build/bin" HASTEN_TEST_PEER_DIR="$(dirname "$0")/../tests/integration/peers" \
-  /usr/bin/python3 "$(dirname "$0")/../tests/integration/test_plugin_fuzz.py"
+  HASTEN_TEST_PYTHON="$python" "$python" "$(dirname "$0")/../tests/integration/test_plugin_fuzz.py"

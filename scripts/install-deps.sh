@@ -9,7 +9,7 @@
 #    peers need in scripts/venv-requirements.txt. The environment lives in a cache shared by
 #    clones, keyed by the pins and the interpreter, and `.venv` links to it, so a fresh clone
 #    (CI's) does not download ~3 GB again. HASTEN_VENV_CACHE moves the cache;
-#    HASTEN_PYTHON picks the interpreter the environment is made from (default: python3).
+#    HASTEN_BASE_PYTHON picks the interpreter the environment is made from (default: python3).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 
@@ -54,9 +54,9 @@ fi
 
 # --- the Python environment -------------------------------------------------------------
 requirements="$root/scripts/venv-requirements.txt"
-python="${HASTEN_PYTHON:-python3}"
+python="${HASTEN_BASE_PYTHON:-python3}"
 if ! command -v "$python" >/dev/null 2>&1; then
-  echo "deps: error: no Python interpreter '$python' (set HASTEN_PYTHON)" >&2; exit 1
+  echo "deps: error: no Python interpreter '$python' (set HASTEN_BASE_PYTHON)" >&2; exit 1
 fi
 pyver="$("$python" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
 key="$( { cat "$requirements"; echo "python=$pyver"; } | sha256sum | cut -c1-16)"

@@ -218,6 +218,25 @@ Trial run_trial(const MaxModelOptions& o, const std::string& side, int size) {
   return t;
 }
 
+// The torch-ddp2 trials' interpreter as a path for execv: o.python, else $HASTEN_PYTHON, else
+// python3; a name without a slash is looked up on PATH. Empty when no executable is found.
+std::string peer_python(const MaxModelOptions& o, std::string& named) {
+  named = o.python;
+  if (named.empty()) {
+    const char* env = std::getenv("HASTEN_PYTHON");
+    named = env && *env ? env : "python3";
+  }
+  if (named.find('/') != std::string::npos) return ::access(named.c_str(), X_OK) == 0 ? named : std::string();
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path && *path ? path : "/bin:/usr/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + named;
+    std::error_code ec;
+    if (::access(candidate.c_str(), X_OK) == 0 && std::filesystem::is_regular_file(candidate, ec)) return candidate;
+  }
+  return {};
+}
+
 void print_trial(const std::string& side, const Trial& t, uint64_t budget) {
   std::cout << nlohmann::ordered_json{{"bench", "max_model_trial"}, {"side", side}, {"size", t.size},
                                       {"d_model", gpt_shape(t.size).d_model}, {"layers", gpt_shape(t.size).layers},
@@ -272,7 +291,8 @@ void max_model_trial(const std::string& mode, int size, int seq, int batch) {
       lo);
 }
 
-int max_model(const MaxModelOptions& o) {
+int max_model(const MaxModelOptions& options) {
+  MaxModelOptions o = options;
   install_stop_handlers();
   std::map<std::string, Trial> best;
   for (const auto& side : o.sides) {
@@ -280,6 +300,15 @@ int max_model(const MaxModelOptions& o) {
       std::cerr << "hasten-bench: error: --max-model: the PyTorch peer '" << o.peer << "' does not exist (--peer PATH)"
                 << std::endl;
       return 2;
+    }
+    if (side == "torch-ddp2") {
+      std::string named;
+      o.python = peer_python(options, named);
+      if (o.python.empty()) {
+        std::cerr << "hasten-bench: error: --max-model: no Python interpreter '" << named
+                  << "' for the torch-ddp2 side (set HASTEN_PYTHON to the project's .venv/bin/python)" << std::endl;
+        return 2;
+      }
     }
     // Grow by doubling until a size does not fit, then bisect between the last that fitted and
     // the first that did not: every trial a fresh launch, each size tried once.

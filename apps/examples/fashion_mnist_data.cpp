@@ -22,7 +22,7 @@ constexpr double kMean = 0.2860;
 constexpr double kStd = 0.3530;
 
 std::string find_file(const std::string& dir, const std::string& name) {
-  for (const std::string candidate : {name + ".gz", name}) {
+  for (const std::string& candidate : {name + ".gz", name}) {
     const fs::path p = fs::path(dir) / candidate;
     std::error_code ec;
     if (fs::is_regular_file(p, ec)) return p.string();

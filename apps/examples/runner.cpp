@@ -8,6 +8,7 @@
 #include <hasten/torch_compat.hpp>
 
 #include <nlohmann/json.hpp>
+#include <torch/cuda.h>
 
 #include <chrono>
 #include <csignal>
@@ -24,6 +25,11 @@ namespace hasten::examples {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Waits for what the host queued on a GPU, so that a clock read afterwards counts it.
+void finish_device_work(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
 namespace W = hasten::workloads;
 
 
@@ -210,7 +216,10 @@ Result train_hasten(const Args& a, int64_t batch, int64_t total) {
   const int64_t samples_per_step = batch * acc.num_processes();
   while (step < total) {
     for (auto& b : loader) {
-      if (step == a.warmup) t0 = Clock::now();
+      if (step == a.warmup) {
+        finish_device_work(acc.device());  // the warm-up's kernels are not timed
+        t0 = Clock::now();
+      }
       auto scope = acc.accumulate(net);
       auto loss = W::loss(a.workload, net(W::model_input(a.workload, b.input)), b.target);
       acc.backward(loss);
@@ -236,6 +245,7 @@ Result train_hasten(const Args& a, int64_t batch, int64_t total) {
     }
   }
   bar.close();
+  finish_device_work(acc.device());  // a GPU may still run the last steps the host queued
   r.timed_s = std::chrono::duration<double>(Clock::now() - t0).count();
   r.timed_steps = std::max<int64_t>(0, total - std::max(a.warmup, r.resumed_at));
   r.world_size = acc.num_processes();

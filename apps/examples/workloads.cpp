@@ -67,9 +67,9 @@ torch::Tensor CausalBlockImpl::forward(const torch::Tensor& src, const torch::Te
   const torch::Tensor x = norm1(src + dropout1(attn));
   torch::Tensor hidden = torch::linear(x, linear1->weight, linear1->bias);
   const auto& activation = options.activation();
-  if (c10::get_if<torch::enumtype::kGELU>(&activation) != nullptr)
+  if (std::get_if<torch::enumtype::kGELU>(&activation) != nullptr)
     hidden = F::gelu(hidden);
-  else if (const auto* fn = c10::get_if<std::function<torch::Tensor(const torch::Tensor&)>>(&activation))
+  else if (const auto* fn = std::get_if<std::function<torch::Tensor(const torch::Tensor&)>>(&activation))
     hidden = (*fn)(hidden);
   else
     hidden = F::relu(hidden);
@@ -95,13 +95,18 @@ TinyGptImpl::TinyGptImpl(int64_t vocab, int64_t seq, int64_t d_model, int64_t nh
     }
   }
   head = register_module("head", torch::nn::Linear(d_model, vocab));
-  // Plain tensors, not buffers (the peer keeps them out of DDP's buffer broadcast).
+  // Plain tensors, not buffers (the peer keeps them out of DDP's buffer broadcast); forward
+  // moves them to the device of its input, so the model runs wherever it was moved.
   causal_mask = torch::triu(torch::full({seq, seq}, -std::numeric_limits<float>::infinity()), 1);
   positions = torch::arange(seq);
 }
 
 torch::Tensor TinyGptImpl::forward(torch::Tensor idx) {
   const int64_t s = idx.size(0);
+  if (positions.device() != idx.device()) {
+    causal_mask = causal_mask.to(idx.device());
+    positions = positions.to(idx.device());
+  }
   torch::Tensor h = tok->forward(idx) + pos->forward(positions.narrow(0, 0, s)).unsqueeze(1);
   const torch::Tensor mask = causal_mask.narrow(0, 0, s).narrow(1, 0, s);
   for (auto& block : block_calls) h = block(h, mask);

@@ -27,13 +27,13 @@ void add_env_command(CLI::App& app, Action& action) {
                 << "LibTorch:           " << rt.torch_version << " (" << rt.torch_fingerprint << ")\n"
                 << "compiler:           " << rt.compiler << "\n"
                 << "BLAS:               " << rt.blas.summary() << "\n"
-                << "OpenBLAS kernel:    " << [] {
+                << (rt.blas.library != "openblas" ? std::string() : "OpenBLAS kernel:    " + [] {
                      const auto a = openblas_coretype_advice();
                      const char* env = std::getenv("OPENBLAS_CORETYPE");
                      if (env) return std::string("OPENBLAS_CORETYPE=") + env + " (from the environment)";
                      return a.coretype.empty() ? std::string("OpenBLAS's own choice (no better family on this CPU)")
                                                : a.reason + "; hasten launch sets OPENBLAS_CORETYPE=" + a.coretype;
-                   }() << "\n"
+                   }() + "\n")
                 << "CUDA available:     " << (rt.cuda_available ? "yes" : "no") << " ("
                 << rt.cuda_devices << " devices)\n";
       bool nccl = false;

@@ -16,8 +16,9 @@
 
 #include <filesystem>
 #include <iostream>
-#include <sstream>
 #include <optional>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include "commands.hpp"
@@ -165,6 +166,26 @@ int launch(const LaunchFlags& flags) {
     plan.env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(threads));
   }
   plan.env.emplace_back("HASTEN_CONFIG_JSON", config.explicit_json);
+  // gpu_ids: the workers see only the listed GPUs (CUDA_VISIBLE_DEVICES, as accelerate launch
+  // sets it; the ordinals count among what the launcher itself sees) and take them in
+  // local-rank order, so they are handed gpu_ids "all".
+  if (!config.use_cpu && config.gpu_ids != "all") {
+    std::vector<std::string> seen;
+    if (auto it = env.find("CUDA_VISIBLE_DEVICES"); it != env.end() && !it->second.empty()) {
+      std::stringstream list(it->second);
+      for (std::string item; std::getline(list, item, ',');) seen.push_back(item);
+    }
+    std::string visible;
+    for (int id : parse_gpu_ids(config.gpu_ids)) {
+      if (!seen.empty() && id >= static_cast<int>(seen.size()))
+        throw ConfigError("gpu_ids: GPU " + std::to_string(id) + " is not among the " + std::to_string(seen.size()) +
+                          " of CUDA_VISIBLE_DEVICES='" + env.at("CUDA_VISIBLE_DEVICES") + "' (allowed: ordinals 0.." +
+                          std::to_string(seen.size() - 1) + ")");
+      visible += (visible.empty() ? "" : ",") + (seen.empty() ? std::to_string(id) : seen[static_cast<size_t>(id)]);
+    }
+    plan.env.emplace_back("CUDA_VISIBLE_DEVICES", visible);
+    plan.env.emplace_back("HASTEN_GPU_IDS", "all");
+  }
   // OpenBLAS reads OPENBLAS_CORETYPE when it loads: choose its kernel for the workers when it
   // would fall back to slow generic ones on this CPU (the environment's own value wins).
   if (env.count("OPENBLAS_CORETYPE") == 0) {
@@ -243,6 +264,7 @@ void add_launch_command(CLI::App& app, Action& action) {
       {"--num_cpu_threads_per_process,--num-cpu-threads-per-process", "num_cpu_threads_per_process",
        "OMP_NUM_THREADS and OPENBLAS_NUM_THREADS of each worker"},
       {"--mixed_precision,--mixed-precision", "mixed_precision", "no, fp16 or bf16"},
+      {"--gpu_ids,--gpu-ids", "gpu_ids", "GPUs of this machine the workers use: all, or a comma list such as 0,1"},
       {"--gradient_accumulation_steps,--gradient-accumulation-steps", "gradient_accumulation_steps",
        "Micro-batches per optimizer step"},
       {"--strategy", "strategy", "Strategy plugin name, preset or path"},

@@ -22,9 +22,9 @@ void Engine::model_forward_outputs(size_t model, const std::vector<torch::Tensor
   m.forwarded = true;
   if (outputs.empty()) m.outputs_untracked = true;  // a struct of outputs: nothing to check
   for (const auto& t : outputs)
-    if (t.defined() && t.grad_fn()) m.output_nodes.push_back(t.grad_fn());
+    if (t.defined() && t.grad_fn()) m.output_nodes.emplace_back(t.grad_fn());
   if (m.output_nodes.size() > kMaxOutputNodes) {
-    std::vector<std::weak_ptr<torch::autograd::Node>> live;
+    std::vector<compat::WeakNodePtr> live;
     for (auto& w : m.output_nodes)
       if (!w.expired()) live.push_back(std::move(w));
     if (live.size() > kMaxOutputNodes) live.erase(live.begin(), live.end() - kMaxOutputNodes);

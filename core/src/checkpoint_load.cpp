@@ -35,16 +35,17 @@ using namespace checkpoint_layout;
 
 namespace {
 
-void set_rng_state(const NamedTensors& states) {
+// "cuda" is the rank's own device's generator (checkpoint_save.cpp); a CPU run ignores it.
+// Checkpoints of earlier versions name devices by visible index ("cuda:N"): the rank's device
+// takes the entry of its own index, the others are not touched.
+void set_rng_state(const NamedTensors& states, const torch::Device& device) {
   for (auto& [name, state] : states) {
     if (name == "cpu") {
       auto gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(gen.mutex());
       gen.set_state(state);
-    } else if (name.rfind("cuda:", 0) == 0 && torch::cuda::is_available()) {
-      const auto d = static_cast<size_t>(std::stoul(name.substr(5)));
-      if (d >= torch::cuda::device_count()) continue;
-      auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(d)));
+    } else if (device.is_cuda() && (name == "cuda" || name == "cuda:" + std::to_string(device.index()))) {
+      auto gen = at::globalContext().defaultGenerator(device);
       std::lock_guard<std::mutex> lock(gen.mutex());
       gen.set_state(state);
     }
@@ -469,7 +470,7 @@ class Engine::Impl::CheckpointLoad {
       auto& groups = s_.optimizers[i].optimizer->param_groups();
       for (size_t g = 0; g < groups.size() && g < lrs.size(); ++g) groups[g].options().set_lr(lrs[g].get<double>());
     }
-    if (!rng_.empty()) set_rng_state(rng_);
+    if (!rng_.empty()) set_rng_state(rng_, s_.device);
     for (size_t i = 0; i < s_.models.size(); ++i) apply_gradients(i);
     for (size_t i = 0; i < s_.checkpoint_objects.size(); ++i) {
       auto& o = s_.checkpoint_objects[i];

@@ -33,20 +33,22 @@ using namespace checkpoint_layout;
 
 namespace {
 
-// The default generators' states: the CPU's and every CUDA device's.
-NamedTensors rng_state() {
+// The default generators' states: the CPU's and, on a GPU run, this rank's own device's under
+// the rank-relative key "cuda" (as Accelerate's per-rank random_states_N): a resume with other
+// gpu_ids or CUDA_VISIBLE_DEVICES gives the rank's device the state it saved, not another
+// GPU's by visible index.
+NamedTensors rng_state(const torch::Device& device) {
   NamedTensors out;
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     out.emplace_back("cpu", gen.get_state());
   }
-  if (torch::cuda::is_available())
-    for (size_t d = 0; d < torch::cuda::device_count(); ++d) {
-      auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(d)));
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      out.emplace_back("cuda:" + std::to_string(d), gen.get_state());
-    }
+  if (device.is_cuda()) {
+    auto gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.emplace_back("cuda", gen.get_state());
+  }
   return out;
 }
 
@@ -174,7 +176,7 @@ std::string Engine::save_state(const std::string& requested) {
       attempt([&] { files.push_back(write_file(tmp, optimizer_file(i, per_rank ? rank : -1), optimizer_bytes(optimizer))); });
   }
   attempt([&] {
-    const NamedTensors rng = rng_state();
+    const NamedTensors rng = rng_state(s.device);
     files.push_back(write_file(tmp, rng_file(rank), [&](const ByteSink& sink) { write_safetensors(rng, {}, sink); }));
   });
   if (main) {

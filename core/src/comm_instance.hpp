@@ -11,7 +11,10 @@ class CommInstance : public PluginInstance {
  public:
   using PluginInstance::PluginInstance;
 
-  void init(int rank, int world_size, int64_t timeout_ms, int64_t connect_timeout_ms, const std::string& store_prefix) {
+  // device_id: for a CUDA backend, the CUDA ordinal the host picked for this rank and made
+  // current on this thread; -1: none (CPU backends).
+  void init(int rank, int world_size, int64_t timeout_ms, int64_t connect_timeout_ms, const std::string& store_prefix,
+            int32_t device_id = -1) {
     hasten_comm_init init{};
     init.struct_size = sizeof(init);
     init.abi_version = HASTEN_ABI_VERSION;
@@ -20,6 +23,7 @@ class CommInstance : public PluginInstance {
     init.timeout_ms = timeout_ms;
     init.store_prefix = store_prefix.c_str();
     init.connect_timeout_ms = connect_timeout_ms;
+    init.device_id = device_id;
     call("init", [&] { return vt().comm.init(instance_, &init); });
   }
   bool supports_device(int32_t device_type) const {
@@ -58,6 +62,14 @@ class CommInstance : public PluginInstance {
   }
   void wait(hasten_work* w, int64_t timeout_ms) {
     call("work_wait", [&] { return vt().comm.work_wait(instance_, w, timeout_ms); });
+  }
+  // ABI 1.6: the backend can make a stream wait for a work instead of blocking the host
+  // (plugin.h, "Stream-ordered waits"). NULL in a 1.0-1.5 plugin (the vtable copy is zeroed
+  // past its struct_size).
+  bool has_wait_stream() const { return vt().comm.work_wait_stream != nullptr; }
+  // Enqueues on `stream` (a cudaStream_t) a wait for w; returns without blocking.
+  void wait_stream(hasten_work* w, void* stream) {
+    call("work_wait_stream", [&] { return vt().comm.work_wait_stream(instance_, w, stream); });
   }
   bool test(hasten_work* w) {
     if (vt().comm.work_test == nullptr) return false;

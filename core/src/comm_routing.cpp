@@ -53,7 +53,7 @@ std::string choose_comm_backend(int32_t device_type, const std::string& choice, 
 std::unique_ptr<CommInstance> open_comm_backend(int32_t device_type, const std::string& choice,
                                                 const std::string& options_json, const hasten_host_api* host,
                                                 const ProcessInfo& process, int64_t timeout_ms,
-                                                int64_t connect_timeout_ms) {
+                                                int64_t connect_timeout_ms, int32_t device_id) {
   const std::string name = choose_comm_backend(device_type, choice, process);
   auto comm = std::make_unique<CommInstance>(PluginRegistry::instance().select(PluginKind::Comm, name), host,
                                              options_json);
@@ -61,7 +61,8 @@ std::unique_ptr<CommInstance> open_comm_backend(int32_t device_type, const std::
     throw PluginError(comm->label() + ": does not handle " + device_name(device_type) +
                       " buffers (the config key comm selects a backend per device type: comm: {" +
                       device_name(device_type) + ": NAME})");
-  comm->init(process.rank, process.world_size, timeout_ms, connect_timeout_ms, "hasten/comm/" + device_name(device_type) + "/");
+  comm->init(process.rank, process.world_size, timeout_ms, connect_timeout_ms, "hasten/comm/" + device_name(device_type) + "/",
+             device_type == kDLCUDA ? device_id : -1);
   return comm;
 }
 

@@ -21,9 +21,11 @@ std::string choose_comm_backend(int32_t device_type, const std::string& choice, 
 
 // Creates the chosen backend with its options and connects it to the other ranks: its
 // collectives wait at most timeout_ms by default, its set-up at most connect_timeout_ms.
+// device_id: for kDLCUDA, the CUDA ordinal the host picked for this rank (already current on
+// this thread), handed to the backend as hasten_comm_init.device_id; -1: none.
 std::unique_ptr<CommInstance> open_comm_backend(int32_t device_type, const std::string& choice,
                                                 const std::string& options_json, const hasten_host_api* host,
                                                 const ProcessInfo& process, int64_t timeout_ms,
-                                                int64_t connect_timeout_ms);
+                                                int64_t connect_timeout_ms, int32_t device_id = -1);
 
 }  // namespace hasten::detail

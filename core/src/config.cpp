@@ -172,6 +172,12 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
   c.gradient_accumulation_steps = merged["gradient_accumulation_steps"].get<int>();
   c.use_cpu = merged["use_cpu"].get<bool>();
   c.debug = merged["debug"].get<bool>();
+  c.gpu_ids = get_str(merged, "gpu_ids");
+  try {
+    parse_gpu_ids(c.gpu_ids);  // a malformed list is an error wherever the run goes
+  } catch (const ConfigError& e) {
+    throw ConfigError(std::string("config error: ") + e.what() + " (" + where("gpu_ids") + ")");
+  }
   {
     json comm = merged["comm"];
     // From the environment a mapping arrives as text: HASTEN_COMM='{cpu: gloo}'.

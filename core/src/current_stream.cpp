@@ -1,26 +1,40 @@
-// LibTorch's current stream for a device buffer (current_stream.hpp).
+// LibTorch's current stream for a device buffer (current_stream.hpp). LibTorch 2.11-2.15 only:
+// c10::Stream::native_handle() exists from 2.11 (PR #171040).
 #include "current_stream.hpp"
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <torch/version.h>
 
 namespace hasten::detail {
 
-void* current_stream(const DLDevice& device) noexcept {
-  if (device.device_type != kDLCUDA) return nullptr;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
-  if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) return nullptr;
+bool find_current_stream(const DLDevice& device, void** stream) noexcept {
+  if (device.device_type != kDLCUDA) return false;
+  if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) return false;
   try {
     const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-    const c10::Stream stream =
+    const c10::Stream current =
         impl->getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device.device_id)));
-    return stream.native_handle();
+    *stream = current.native_handle();  // NULL for the default stream
+    return true;
   } catch (...) {
-    return nullptr;
+    return false;
   }
-#else
-  return nullptr;
-#endif
+}
+
+void* current_stream(const DLDevice& device) noexcept {
+  void* stream = nullptr;
+  return find_current_stream(device, &stream) ? stream : nullptr;
+}
+
+void record_on_current_stream(const at::Tensor& t) noexcept {
+  try {
+    if (!t.defined() || !t.is_cuda() || !t.has_storage()) return;
+    if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) return;
+    const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    const c10::Stream stream = impl->getStream(t.device());
+    impl->recordDataPtrOnStream(t.storage().data_ptr(), stream);
+  } catch (...) {  // a storage from another allocator, a broken context: nothing to record
+  }
 }
 
 }  // namespace hasten::detail

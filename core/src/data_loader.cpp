@@ -18,14 +18,23 @@ torch::Tensor real_mask_of(int64_t n, int64_t num_padding) {
   return mask;
 }
 
+// To a GPU without a host wait: a pageable host tensor is first copied into pinned memory
+// (LibTorch's caching host allocator keeps it until the copy has run), then copied on the
+// current stream, which the model's kernels that read it follow.
+torch::Tensor moved(const torch::Tensor& t, const torch::Device& device, bool non_blocking) {
+  if (!t.defined()) return t;
+  if (non_blocking && device.is_cuda() && t.is_cpu() && !t.is_pinned()) return t.pin_memory().to(device, true);
+  return t.to(device, non_blocking);
+}
+
 }  // namespace
 
 torch::Tensor Batch::real_mask() const { return real_mask_of(size(), num_padding); }
 
 Batch Batch::to(const torch::Device& device, bool non_blocking) const {
   Batch b = *this;
-  if (b.input.defined()) b.input = b.input.to(device, non_blocking);
-  if (b.target.defined()) b.target = b.target.to(device, non_blocking);
+  b.input = moved(b.input, device, non_blocking);
+  b.target = moved(b.target, device, non_blocking);
   return b;
 }
 
@@ -33,8 +42,8 @@ torch::Tensor ExampleBatch::real_mask() const { return real_mask_of(size(), num_
 
 ExampleBatch ExampleBatch::to(const torch::Device& device, bool non_blocking) const {
   ExampleBatch b = *this;
-  if (b.data.defined()) b.data = b.data.to(device, non_blocking);
-  if (b.target.defined()) b.target = b.target.to(device, non_blocking);
+  b.data = moved(b.data, device, non_blocking);
+  b.target = moved(b.target, device, non_blocking);
   return b;
 }
 

@@ -3,6 +3,7 @@
 #include <hasten/logging.hpp>
 #include <hasten/registry.hpp>
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -24,9 +25,15 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
     PluginRegistry::instance().add_search_directories(s.config.plugin_path);
 
   if (!s.config.use_cpu && torch::cuda::is_available()) {
-    const int count = static_cast<int>(torch::cuda::device_count());
-    s.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(s.process.local_rank % count));
-    s.dl_device = {kDLCUDA, s.process.local_rank % count};
+    // One GPU per process, from gpu_ids and LOCAL_RANK; two ranks on one GPU are refused here,
+    // before any communicator exists (NCCL would refuse them only from inside its init).
+    const int ordinal = select_cuda_device(s.config.gpu_ids, s.process.local_rank, s.process.local_world_size,
+                                           static_cast<int>(torch::cuda::device_count()));
+    s.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ordinal));
+    s.dl_device = {kDLCUDA, ordinal};
+    // Current before anything allocates: allocations that name no device, the legacy default
+    // stream, the comm plugin's set-up and third-party code all use this rank's GPU.
+    c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).setDevice(s.device);
   }
 
   s.host.process = s.process;
@@ -53,7 +60,7 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
     std::unique_ptr<CommInstance> gpu;
     if (s.dl_device.device_type == kDLCUDA)
       gpu = open_comm_backend(kDLCUDA, backend(kDLCUDA), options(kDLCUDA), &s.host.api, s.process, s.host.timeout_ms,
-                              rendezvous_ms);
+                              rendezvous_ms, s.dl_device.device_id);
     s.comm = make_plugin_communicator(s.process.rank, s.process.world_size, std::move(cpu), std::move(gpu));
     // Every store call of the set-up is made: rank 0's process may exit from here on.
     s.store->setup_finished();

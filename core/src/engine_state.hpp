@@ -8,6 +8,7 @@
 #include <hasten/gradient_state.hpp>
 #include <hasten/detail/engine.hpp>
 #include <hasten/process.hpp>
+#include <hasten/torch_compat.hpp>
 #include <hasten/unit.hpp>
 
 #include <torch/nn/module.h>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "communicator.hpp"
+#include "current_stream.hpp"
 #include "host_api.hpp"
 #include "precision_instance.hpp"
 #include "strategy_instance.hpp"
@@ -52,7 +54,7 @@ struct ModelEntry {
   // module directly (`model->forward(x)`), past autocast and the strategy's events.
   bool forwarded = false;
   bool outputs_untracked = false;  // its forward returns a type hasten cannot look into
-  std::vector<std::weak_ptr<torch::autograd::Node>> output_nodes;
+  std::vector<compat::WeakNodePtr> output_nodes;
 };
 
 struct OptimizerEntry {
@@ -87,10 +89,24 @@ struct ActiveLoader {
   int64_t num_padding = 0;
 };
 
+// The state behind a hasten::Work (Accelerator::all_reduce_). keep_alive is declared before
+// work so that it is destroyed after it (members go in reverse order): the work's destructor
+// first waits for the collective, or for CUDA work orders LibTorch's current stream after it
+// (plugin_communicator.cpp), and only then is the buffer released. A CUDA buffer is also
+// recorded on that current stream, so that the caching allocator reuses its memory only after
+// the collective whichever stream allocated it (a stream-ordered wait orders just the one).
 struct PendingWork {
-  WorkPtr work;
   torch::Tensor keep_alive;  // the buffer must outlive the operation
+  WorkPtr work;
   int64_t timeout_ms = 0;
+  PendingWork() = default;
+  PendingWork(const PendingWork&) = delete;
+  PendingWork& operator=(const PendingWork&) = delete;
+  ~PendingWork() {
+    if (!work) return;
+    work.reset();
+    record_on_current_stream(keep_alive);
+  }
 };
 
 struct Engine::Impl {

@@ -16,13 +16,13 @@ namespace {
 thread_local std::string t_plugin_error;
 thread_local bool t_plugin_error_set = false;
 
-spdlog::level::level_enum to_spdlog(int32_t level) {
+LogLevel to_log_level(int32_t level) {
   switch (level) {
-    case HASTEN_LOG_TRACE: return spdlog::level::trace;
-    case HASTEN_LOG_DEBUG: return spdlog::level::debug;
-    case HASTEN_LOG_INFO: return spdlog::level::info;
-    case HASTEN_LOG_WARN: return spdlog::level::warn;
-    default: return spdlog::level::err;
+    case HASTEN_LOG_TRACE: return LogLevel::trace;
+    case HASTEN_LOG_DEBUG: return LogLevel::debug;
+    case HASTEN_LOG_INFO: return LogLevel::info;
+    case HASTEN_LOG_WARN: return LogLevel::warn;
+    default: return LogLevel::error;
   }
 }
 
@@ -52,7 +52,7 @@ void host_log(const hasten_host_api*, int32_t level, const char* plugin,
               const char* message) noexcept {
   try {
     static auto logger = get_logger("hasten");
-    logger->log(to_spdlog(level), "[{}] {}", plugin ? plugin : "plugin", message ? message : "");
+    logger->log(to_log_level(level), "[{}] {}", plugin ? plugin : "plugin", message ? message : "");
   } catch (...) {
   }
 }

@@ -6,6 +6,7 @@
 #include <hasten/error.hpp>
 #include <hasten/launch.hpp>
 
+#include <dlfcn.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -23,9 +24,33 @@
 
 namespace hasten {
 
+namespace {
+
+// Whether this process has initialised CUDA (any CUDA tensor, or only
+// torch::cuda::is_available(), which runs cuInit): the driver's state does not survive fork, so
+// forked workers would fail or hang on their first CUDA call. Asked of the driver already loaded
+// (nothing is loaded or initialised here): no libcuda in the process, or cuDeviceGetCount
+// failing with CUDA_ERROR_NOT_INITIALIZED, means CUDA was never initialised.
+bool cuda_initialised() {
+  void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) return false;
+  using count_fn = int (*)(int*);
+  auto count = reinterpret_cast<count_fn>(::dlsym(lib, "cuDeviceGetCount"));
+  int n = 0;
+  const bool initialised = count != nullptr && count(&n) == 0;
+  ::dlclose(lib);
+  return initialised;
+}
+
+}  // namespace
+
 void launch(const std::function<void()>& fn, const LaunchOptions& options) {
   const int n = options.num_processes;
   if (n < 1) throw Error("hasten::launch: num_processes must be >= 1, got " + std::to_string(n));
+  if (cuda_initialised())
+    throw Error("hasten::launch: this process has already initialised CUDA, and forked workers cannot use it; "
+                "call hasten::launch before any CUDA work (as Accelerate's notebook_launcher requires), or start "
+                "the workers with `hasten launch`");
   // Workers of one machine rendezvous on the loopback address.
   const int port = detail::pick_free_port(/*loopback_only=*/true);
   if (port == 0) throw Error("hasten::launch: cannot find a free port for the rendezvous");

@@ -22,15 +22,20 @@ std::vector<std::pair<std::string, torch::Tensor>> Engine::state_dict(size_t mod
   std::vector<std::pair<std::string, torch::Tensor>> out;
   if (kind == 0 && !s.process.is_main_process()) return out;
   torch::NoGradGuard no_grad;
+  // Copies on the CPU, as the sharded strategies give them (and FSDP's offload_to_cpu): the
+  // state dict of a GPU model does not hold a second copy of the model on its GPU.
+  auto cpu_copy = [](const torch::Tensor& t) {
+    return t.detach().to(torch::kCPU, t.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  };
   for (auto& named : m.module->named_parameters()) {
-    torch::Tensor t = named.value().detach().clone();
+    torch::Tensor t = cpu_copy(named.value());
     if (kind == 0)
       out.emplace_back(named.key(), t);
     else
       out.emplace_back(named.key() + "@0:" + std::to_string(t.numel()), t.reshape(-1));
   }
   if (kind == 0)
-    for (auto& named : m.module->named_buffers()) out.emplace_back(named.key(), named.value().detach().clone());
+    for (auto& named : m.module->named_buffers()) out.emplace_back(named.key(), cpu_copy(named.value()));
   return out;
 }
 

@@ -40,9 +40,17 @@ std::string optimizer_bytes(torch::optim::Optimizer& optimizer) {
 
 void load_optimizer_bytes(torch::optim::Optimizer& optimizer, const std::string& bytes, const std::string& file) {
   try {
+    // Onto the device of this rank's parameters: the archive would restore each tensor where
+    // it was saved (a "full" file is rank 0's, so every rank's state would land on cuda:0).
+    c10::Device device = torch::kCPU;
+    for (const auto& group : optimizer.param_groups())
+      if (!group.params().empty()) {
+        device = group.params().front().device();
+        break;
+      }
     torch::serialize::InputArchive archive;
     std::istringstream in(bytes);
-    archive.load_from(in);
+    archive.load_from(in, device);
     optimizer.load(archive);
   } catch (const c10::Error& e) {
     throw Error("load_state: '" + file + "' does not fit the prepared optimizer (another optimizer type or other "

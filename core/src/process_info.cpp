@@ -104,4 +104,49 @@ ProcessInfo detect_process_info(const Environment& env) {
   return p;
 }
 
+std::vector<int> parse_gpu_ids(const std::string& gpu_ids) {
+  std::vector<int> ids;
+  if (gpu_ids == "all") return ids;
+  auto bad = [&](const std::string& why) {
+    return ConfigError("gpu_ids: '" + gpu_ids + "' " + why + " (allowed: all, or a comma list of GPU ordinals such as 0,1)");
+  };
+  size_t start = 0;
+  while (start <= gpu_ids.size()) {
+    const size_t comma = gpu_ids.find(',', start);
+    std::string item = gpu_ids.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    while (!item.empty() && item.front() == ' ') item.erase(0, 1);
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    if (item.empty() || item.size() > 4 || item.find_first_not_of("0123456789") != std::string::npos)
+      throw bad("is not a list of GPU ordinals");
+    const int id = std::stoi(item);
+    for (int seen : ids)
+      if (seen == id) throw bad("names GPU " + item + " twice");
+    ids.push_back(id);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return ids;
+}
+
+int select_cuda_device(const std::string& gpu_ids, int local_rank, int local_world_size, int visible) {
+  const std::vector<int> ids = parse_gpu_ids(gpu_ids);
+  const int usable = ids.empty() ? visible : static_cast<int>(ids.size());
+  if (local_world_size > usable) {
+    throw ConfigError("this machine runs " + std::to_string(local_world_size) + " processes but has " +
+                      std::to_string(usable) + (ids.empty() ? " visible GPU" : " GPU") + (usable == 1 ? "" : "s") +
+                      (ids.empty() ? "" : " in gpu_ids '" + gpu_ids + "'") +
+                      ": two ranks would share a GPU (allowed: at most one process per GPU; fewer processes, "
+                      "more gpu_ids, or use_cpu)");
+  }
+  if (local_rank < 0 || local_rank >= usable)
+    throw ConfigError("local rank " + std::to_string(local_rank) + " has no GPU: " + std::to_string(usable) +
+                      " usable (gpu_ids '" + gpu_ids + "')");
+  const int device = ids.empty() ? local_rank : ids[static_cast<size_t>(local_rank)];
+  if (device >= visible)
+    throw ConfigError("gpu_ids: GPU " + std::to_string(device) + " is not visible (" + std::to_string(visible) +
+                      " visible GPU" + (visible == 1 ? "" : "s") + ", ordinals 0.." + std::to_string(visible - 1) +
+                      " after CUDA_VISIBLE_DEVICES)");
+  return device;
+}
+
 }  // namespace hasten

@@ -345,6 +345,9 @@ std::unique_ptr<Store> rendezvous(const ProcessInfo& p, int64_t timeout_ms) {
       opts.isServer = p.rank == 0 && !agent_store;
       opts.numWorkers = static_cast<size_t>(p.world_size);
       opts.waitWorkers = false;  // hasten's own wait below names the ranks that are missing
+      // The libuv server, LibTorch's default since 2.4 and what torchrun's stores run: named
+      // so that a change of default cannot change under the store-fault tests, which run on it.
+      opts.useLibUV = true;
       auto c = std::make_shared<Connection>();
       c->store = open_store(p, opts, where, timeout_ms);
       c->where = where;

@@ -1,8 +1,11 @@
 #include <hasten/runtime_info.hpp>
 #include <hasten/version.hpp>
 
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <torch/cuda.h>
+#include <torch/utils.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -39,7 +42,10 @@ std::set<std::string> mapped_blas_libraries() {
 std::string BlasInfo::summary() const {
   std::ostringstream s;
   s << library;
-  if (library == "openblas") {
+  if (library == "mkl") {
+    s << " " << config << " (" << threads << " thread" << (threads == 1 ? "" : "s") << ", linked into "
+      << std::filesystem::path(path).filename().string() << ")";
+  } else if (library == "openblas") {
     s << " (core " << (core.empty() ? "?" : core) << ", " << threads << " thread"
       << (threads == 1 ? "" : "s") << ")";
     if (!config.empty()) s << " [" << config << "]";
@@ -51,6 +57,23 @@ std::string BlasInfo::summary() const {
 
 BlasInfo blas_info() {
   BlasInfo info;
+  // PyTorch's x86-64 wheels link MKL statically into libtorch_cpu: no library of its own is
+  // mapped, LibTorch says it has it, and its thread count is LibTorch's intra-op one.
+  if (at::hasMKL()) {
+    info.library = "mkl";
+    info.threads = at::get_num_threads();
+    Dl_info where{};
+    // at::hasMKL is inline; globalContext is defined in libtorch_cpu, where MKL is linked.
+    if (::dladdr(reinterpret_cast<void*>(&at::globalContext), &where) != 0 && where.dli_fname != nullptr)
+      info.path = where.dli_fname;
+    const std::string config = at::show_config();
+    const std::string tag = "Math Kernel Library Version ";
+    if (auto at = config.find(tag); at != std::string::npos) {
+      const auto begin = at + tag.size();
+      info.config = config.substr(begin, config.find_first_of(" -\n", begin) - begin);
+    }
+    return info;
+  }
   for (const auto& path : mapped_blas_libraries()) {
     const std::string base = std::filesystem::path(path).filename().string();
     if (base.find("openblas") != std::string::npos) {
@@ -76,6 +99,10 @@ BlasInfo blas_info() {
 }
 
 bool set_blas_threads(int threads) {
+  if (at::hasMKL()) {  // LibTorch sizes MKL's pool with its own (mkl_set_num_threads)
+    at::set_num_threads(std::max(1, threads));
+    return true;
+  }
   for (const auto& path : mapped_blas_libraries()) {
     if (std::filesystem::path(path).filename().string().find("openblas") == std::string::npos) continue;
     void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);

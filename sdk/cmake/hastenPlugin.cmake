@@ -25,12 +25,13 @@ function(hasten_add_plugin name)
     C_VISIBILITY_PRESET hidden
     CXX_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON
-    CXX_STANDARD 17
     CXX_STANDARD_REQUIRED ON
     LINK_DEPENDS ${_HASTEN_PLUGIN_CMAKE_DIR}/hasten-plugin.map)
   target_link_options(${target} PRIVATE
     -Wl,--no-undefined -Wl,--version-script=${_HASTEN_PLUGIN_CMAKE_DIR}/hasten-plugin.map)
+  # C tier: C++17 is enough (the SDK's C++ wrapper). Torch tier: LibTorch's headers need C++20.
   if(ARG_TORCH)
+    set_target_properties(${target} PROPERTIES CXX_STANDARD 20)
     if(NOT TORCH_LIBRARIES)
       find_package(Torch REQUIRED)
     endif()
@@ -40,6 +41,7 @@ function(hasten_add_plugin name)
       hasten_use_torch_pch(${target})
     endif()
   else()
+    set_target_properties(${target} PROPERTIES CXX_STANDARD 17)
     target_link_libraries(${target} PRIVATE hasten::sdk)
   endif()
   if(ARG_OUTPUT_DIRECTORY)

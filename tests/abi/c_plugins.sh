@@ -10,6 +10,7 @@
 set -euo pipefail
 build_dir=$1
 torch_tests=$2
+python=${HASTEN_TEST_PYTHON:-python3}  # the project's (ctest sets it); reads the JSON below
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
@@ -89,7 +90,7 @@ logging_dir: $work/logs
 EOF
 train() { "$prefix/bin/hasten-example" --workload mlp-small --warmup 0 --log-every 1 "$@"; }
 train --steps 4 --config_file "$work/tracker.yaml" >/dev/null
-python3 - "$lines" 4 <<'PY'
+"$python" - "$lines" 4 <<'PY'
 import re, sys
 path, want = sys.argv[1], int(sys.argv[2])
 rows = open(path).read().splitlines()
@@ -130,7 +131,7 @@ launch --config_file "$work/comm.yaml" --losses-out "$work/c_shm.json" >"$work/c
   || { cat "$work/c_shm.log"; exit 1; }
 grep -q "c_shm: connected every rank through shared memory" "$work/c_shm.log" \
   || { echo "c_shm did not carry the run:"; cat "$work/c_shm.log"; exit 1; }
-python3 - "$work/shm.json" "$work/c_shm.json" <<'PY'
+"$python" - "$work/shm.json" "$work/c_shm.json" <<'PY'
 import json, sys
 a, b = (json.load(open(p))["losses"] for p in sys.argv[1:3])
 if len(a) != 3 or a != b:

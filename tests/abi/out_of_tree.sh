@@ -5,6 +5,7 @@
 set -euo pipefail
 build_dir=$1
 source_dir=$2
+python=${HASTEN_TEST_PYTHON:-python3}  # the project's (ctest sets it); reads the JSON below
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
@@ -50,7 +51,7 @@ HASTEN_PLUGIN_PATH=$comm_dir "$prefix/bin/hasten" launch --num_processes 2 --mai
   "$prefix/bin/hasten-example" --workload mlp-small --steps 3 --warmup 0 --losses-out "$work/store.json" \
   >"$work/store.log" 2>&1 || { cat "$work/store.log"; exit 1; }
 grep -q "oot_store comm: rank 0 of 2 connected" "$work/store.log" || { echo "the core did not pick oot_store:"; cat "$work/store.log"; exit 1; }
-python3 - "$work/default.json" "$work/store.json" <<'PY'
+"$python" - "$work/default.json" "$work/store.json" <<'PY'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
 a, b = (x["losses"] if isinstance(x, dict) else x for x in (a, b))

@@ -8,7 +8,9 @@ import tempfile
 
 BIN = os.environ["HASTEN_TEST_BIN_DIR"]
 PEER_DIR = os.environ["HASTEN_TEST_PEER_DIR"]
-PYTHON = "/usr/bin/python3"
+# The project's interpreter (.venv): ctest passes it as HASTEN_TEST_PYTHON and runs the tests on
+# it, so sys.executable is the same one where the variable is not set.
+PYTHON = os.environ.get("HASTEN_TEST_PYTHON") or sys.executable
 
 
 def _pin_openblas_kernel():

@@ -5,7 +5,7 @@ every fitting trial's summed peak stays within the budget, and zero3 fits a mode
 large as ddp2's. --start-size above the answer finds it too (the largest size that fitted, the
 next one over; within one size of the search from 1, whose edge may sit within a MiB). Killed
 with SIGTERM, the search takes its running trial's whole process group with it. Bad budgets,
-sides and start sizes are one clear line."""
+sides, start sizes and a missing interpreter (HASTEN_PYTHON) are one clear line."""
 import json
 import os
 import signal
@@ -17,10 +17,13 @@ import harness as h
 
 BENCH = os.path.join(h.BIN, "hasten-bench")
 PEER = os.path.join(h.PEER_DIR, "torch_peer.py")
+# The torch-ddp2 side's interpreter, named explicitly: this test's own (the project's .venv),
+# not whatever python3 PATH holds. hasten-bench reads it from HASTEN_PYTHON (or --python).
+PEER_ENV = {"HASTEN_PYTHON": h.PYTHON}
 
 
 def search(*args):
-    p = h.run([BENCH, "--max-model", *args], timeout=580, check=True)
+    p = h.run([BENCH, "--max-model", *args], timeout=580, check=True, env=PEER_ENV)
     records = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
     return ([r for r in records if r["bench"] == "max_model_trial"],
             {r["side"]: r for r in records if r["bench"] == "max_model"}, p.stdout)
@@ -118,7 +121,7 @@ os.rename({pid_file!r} + ".part", {pid_file!r})
 time.sleep(300)
 """)
     search_p = subprocess.Popen([BENCH, "--max-model", "--sides", "torch-ddp2", "--max-size", "1", "--peer", sleeper],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, **PEER_ENV))
     deadline = time.monotonic() + 120
     while not os.path.exists(pid_file):
         if search_p.poll() is not None or time.monotonic() > deadline:
@@ -145,4 +148,7 @@ h.check_clean_failure(h.run([BENCH, "--max-model", "--start-size", "5", "--max-s
                       "--start-size")
 h.check_clean_failure(h.run([BENCH, "--max-model", "--budget-mib", "1"]), "--budget-mib 1", "--budget-mib")
 h.check_clean_failure(h.run([BENCH, "--max-model", "--sides", "ddp3"]), "--sides ddp3", "--sides")
+h.check_clean_failure(h.run([BENCH, "--max-model", "--sides", "torch-ddp2", "--max-size", "1"],
+                            env={"HASTEN_PYTHON": "/nonexistent/python"}),
+                      "HASTEN_PYTHON=/nonexistent/python", "HASTEN_PYTHON")
 print("bench_max_model: OK")

@@ -62,7 +62,7 @@ with tempfile.TemporaryDirectory() as tmp:
             h.fail(f"{what}: losses differ from hasten launch's by up to {d:.3g} (expected bitwise equal)")
         print(f"{what}: bitwise equal losses")
 
-    # The same program under torchrun (flags that dodge Debian's Python 3.11 redirects bug).
+    # The same program under torchrun, the .venv's (flags that dodge a redirects bug seen on Python 3.11).
     out = os.path.join(tmp, "torchrun.json")
     with socket.socket() as s:  # not torchrun's default 29500: other tests may hold it
         s.bind(("127.0.0.1", 0))

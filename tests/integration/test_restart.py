@@ -8,7 +8,7 @@
   host) with `--max_restarts 1`; a worker of machine 1 SIGKILLed: both machines restart their
   workers and end with the uninterrupted run's param_checksum; a launcher SIGKILLed ends the
   other machine's run with one line naming it, not a hang;
-- /usr/bin/python3 reads the checkpoint's model.safetensors (the format's own rules, no
+- the test's Python (.venv) reads the checkpoint's model.safetensors (the format's own rules, no
   library) and gets the parameters whose SHA-256 is the run's param_checksum; so does the
   file `hasten merge-weights` writes from the checkpoint."""
 import hashlib

@@ -1,4 +1,4 @@
-"""safetensors between hasten and numpy, both ways. `/usr/bin/python3` with numpy reads the
+"""safetensors between hasten and numpy, both ways. The .venv Python with numpy reads the
 model.safetensors hasten saves (with the small reader below, not the safetensors package) and
 finds the dtypes, shapes and values, bit for bit, that the C++ side reports it saved; hasten reads
 a file numpy wrote, laid out unlike hasten's own, and reports the values numpy put in it; and a

@@ -12,7 +12,6 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -505,8 +504,8 @@ TEST(ParityJoin, JoinOverridesEvenBatchesOfMapStyleLoadersAndWarnsAboutStreams) 
       [] {
         Accelerator acc(with_strategy("ddp"));
         std::ostringstream log;
-        auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
-        hasten::get_logger()->sinks().push_back(sink);
+        auto sink = std::make_shared<hasten::OstreamSink>(log);
+        hasten::get_logger()->add_sink(sink);
         const bool first = acc.process_index() == 0;
         torch::nn::Linear net(1, 1);
         auto model = acc.prepare(net);
@@ -535,7 +534,7 @@ TEST(ParityJoin, JoinOverridesEvenBatchesOfMapStyleLoadersAndWarnsAboutStreams) 
                   "the warning: '" + log.str() + "'");
         else
           require(log.str().empty(), "only the main process warns: '" + log.str() + "'");
-        hasten::get_logger()->sinks().pop_back();
+        hasten::get_logger()->remove_sink(sink);
         acc.wait_for_everyone();
       },
       two_ranks());
@@ -658,10 +657,10 @@ TEST(ParityMetrics, GatherForMetricsOverAStreamCountsEachSampleOnceWithoutAWord)
       [] {
         Accelerator acc;
         std::ostringstream log;
-        auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
-        sink->set_level(spdlog::level::warn);  // Accelerate's check: no warning
-        hasten::get_logger()->sinks().push_back(sink);
-        hasten::get_logger("hasten", false)->sinks().push_back(sink);
+        auto sink = std::make_shared<hasten::OstreamSink>(log);
+        sink->set_level(hasten::LogLevel::warn);  // Accelerate's check: no warning
+        hasten::get_logger()->add_sink(sink);
+        hasten::get_logger("hasten", false)->add_sink(sink);
         auto loader = acc.prepare(hasten::DataLoader(Stream{.n = 30}, {4}));
         std::vector<torch::Tensor> tensors;
         std::vector<int64_t> values;
@@ -676,8 +675,8 @@ TEST(ParityMetrics, GatherForMetricsOverAStreamCountsEachSampleOnceWithoutAWord)
         require(all == to_vector(torch::arange(30)), "tensors: each sample once");
         std::sort(values.begin(), values.end());
         require(values == to_vector(torch::arange(30)), "values: " + std::to_string(values.size()) + " samples");
-        hasten::get_logger()->sinks().pop_back();
-        hasten::get_logger("hasten", false)->sinks().pop_back();
+        hasten::get_logger()->remove_sink(sink);
+        hasten::get_logger("hasten", false)->remove_sink(sink);
         require(log.str().empty(), "logged: '" + log.str() + "'");
       },
       two_ranks());

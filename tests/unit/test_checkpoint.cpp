@@ -84,7 +84,7 @@ void train(const std::string& strategy, const fs::path& project, int until, bool
   size_t i = 0;
   for (auto& group : adam.param_groups())
     for (auto& p : group.params()) {
-      auto it = adam.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      auto it = adam.state().find(hasten::compat::state_key(p));
       if (it == adam.state().end()) continue;
       auto& s = static_cast<torch::optim::AdamParamState&>(*it->second);
       moments.emplace_back("p" + std::to_string(i) + ".exp_avg", s.exp_avg());
@@ -614,7 +614,7 @@ TEST(Weights, SaveModelShardsByteSizeAndLoadWeightsReproducesTheModel) {
   hasten::launch(
       [&] {
         Options o;
-        o.strategy = "zero3";
+        o.strategy.emplace("zero3");  // not `= "zero3"`: GCC 12 -Wmaybe-uninitialized misfires on it in C++20
         Accelerator acc(o);
         torch::manual_seed(5);
         auto net = std::make_shared<NetImpl>();

@@ -42,10 +42,10 @@ TEST(BlasInfo, NamesTheLibraryInUse) {
   }
 }
 
-TEST(BlasInfo, SetBlasThreadsSizesOpenBlasOwnPool) {
+TEST(BlasInfo, SetBlasThreadsSizesTheBlasPool) {
   const auto before = hasten::blas_info();
-  if (before.library != "openblas") {
-    EXPECT_FALSE(hasten::set_blas_threads(2)) << "only OpenBLAS has a pool to size";
+  if (before.library != "openblas" && before.library != "mkl") {
+    EXPECT_FALSE(hasten::set_blas_threads(2)) << "only OpenBLAS and MKL have a pool to size";
     GTEST_SKIP() << "the BLAS is " << before.library;
   }
   for (int n : {3, 1}) {
@@ -55,4 +55,12 @@ TEST(BlasInfo, SetBlasThreadsSizesOpenBlasOwnPool) {
   EXPECT_TRUE(hasten::set_blas_threads(0));  // at least one thread
   EXPECT_EQ(hasten::blas_info().threads, 1);
   hasten::set_blas_threads(before.threads);
+}
+
+TEST(BlasInfo, TheWheelsMklIsNamedWithItsVersion) {
+  const auto info = hasten::blas_info();
+  if (info.library != "mkl") GTEST_SKIP() << "the BLAS is " << info.library;
+  EXPECT_FALSE(info.config.empty()) << "MKL's version, from LibTorch's build configuration";
+  EXPECT_NE(info.summary().find("mkl " + info.config), std::string::npos) << info.summary();
+  EXPECT_NE(info.path.find("libtorch_cpu"), std::string::npos) << info.path;
 }

@@ -241,7 +241,7 @@ class Accelerator {
     (out << ... << parts);
     std::cout << out.str() << std::endl;
   }
-  std::shared_ptr<spdlog::logger> logger(bool main_process_only = true) const {
+  std::shared_ptr<Logger> logger(bool main_process_only = true) const {
     return get_logger("hasten", main_process_only);
   }
 

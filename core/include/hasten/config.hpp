@@ -67,6 +67,7 @@ struct Config {
   int gradient_accumulation_steps = 1;
   bool use_cpu = false;
   bool debug = false;
+  std::string gpu_ids = "all";  // "all" or a comma list of GPU ordinals (select_cuda_device)
 
   // Plugins, resolved: a plugin name, a preset name or a path to a plugin library, and the
   // options handed to its create() as a JSON object.

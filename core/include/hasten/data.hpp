@@ -339,7 +339,7 @@ class BatchIterator {
       auto idx = plan_.batch(pos_, &pad);
       batch_ = fetch(*dataset_, idx);
       batch_.num_padding = pad;
-      if (device_.type() != torch::kCPU) batch_ = batch_.to(device_);
+      if (device_.type() != torch::kCPU) batch_ = batch_.to(device_, /*non_blocking=*/true);
       if (observer_) observer_(pos_, plan_.num_batches, pad);
       loaded_ = true;
     }
@@ -416,7 +416,7 @@ class StreamIterator {
       auto examples = current_->examples;
       batch_ = collate(std::move(examples), current_->positions);
       batch_.num_padding = current_->padding;
-      if (device_.type() != torch::kCPU) batch_ = batch_.to(device_);
+      if (device_.type() != torch::kCPU) batch_ = batch_.to(device_, /*non_blocking=*/true);
       if (observer_) observer_(pos_, ahead_ ? pos_ + 2 : pos_ + 1, current_->padding);
       loaded_ = true;
     }

@@ -9,7 +9,8 @@
 //   }, 2);
 //
 // The workers are fork()ed: call it before the calling process starts threads of its own
-// (LibTorch's intra-op pool included), as with any fork. Workers are killed (SIGKILL) when the
+// (LibTorch's intra-op pool included), as with any fork, and before any CUDA work: a process
+// that holds a CUDA context is refused with an Error (forked children cannot use CUDA). Workers are killed (SIGKILL) when the
 // thread that called launch() ends, so a caller killed with SIGKILL leaves none behind; call
 // it from a thread that outlives the launch (the main thread, as a rule).
 #pragma once

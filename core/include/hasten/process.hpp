@@ -5,6 +5,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 namespace hasten {
 
@@ -32,5 +33,18 @@ Environment current_environment();
 // Reads the process information from env. Throws ConfigError on inconsistent values
 // (RANK >= WORLD_SIZE, a non-numeric RANK...).
 ProcessInfo detect_process_info(const Environment& env);
+
+// The GPU of this process: its ordinal among the `visible` devices (after CUDA_VISIBLE_DEVICES).
+// gpu_ids is the config key: "all" gives local rank r the r-th visible GPU; a comma list
+// ("1,3") gives it the r-th listed ordinal (`hasten launch` turns the list into
+// CUDA_VISIBLE_DEVICES for its workers, as `accelerate launch` does, and hands them "all").
+// One GPU per process: throws ConfigError, with one line, when gpu_ids is malformed, names a
+// GPU that is not visible or twice, or when the machine runs more processes
+// (local_world_size) than it has GPUs for (two ranks would share a GPU, which NCCL refuses).
+int select_cuda_device(const std::string& gpu_ids, int local_rank, int local_world_size, int visible);
+
+// gpu_ids parsed: an empty list for "all". Throws ConfigError on anything else than "all" or
+// a comma list of distinct non-negative integers.
+std::vector<int> parse_gpu_ids(const std::string& gpu_ids);
 
 }  // namespace hasten

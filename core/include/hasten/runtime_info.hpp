@@ -8,10 +8,10 @@
 namespace hasten {
 
 struct BlasInfo {
-  std::string library = "unknown";  // "openblas", "netlib-reference", "unknown"
-  std::string path;                 // the library file mapped into the process
+  std::string library = "unknown";  // "mkl", "openblas", "netlib-reference", "unknown"
+  std::string path;                 // the library file mapped into the process (MKL: libtorch_cpu)
   std::string core;                 // OpenBLAS's kernel family ("Haswell", "SkylakeX", ...)
-  std::string config;               // OpenBLAS's build configuration string
+  std::string config;               // OpenBLAS's build configuration string; MKL's version
   int threads = 0;
   std::string summary() const;      // "openblas 0.3.21 (core SkylakeX, 1 thread)"
 };
@@ -29,11 +29,11 @@ struct RuntimeInfo {
 BlasInfo blas_info();
 RuntimeInfo runtime_info();
 
-// Sizes the loaded OpenBLAS's own thread pool. LibTorch's set_num_threads sizes only its
-// OpenMP pool, and OpenBLAS (Debian's pthread build) otherwise runs one thread per core, or
-// OPENBLAS_NUM_THREADS as read at load: the pool's size decides how a product is split, and so
-// its rounding, so two runs compare bit for bit only with the same size on both sides. Returns
-// false where the BLAS in the process is not OpenBLAS.
+// Sizes the BLAS's thread pool: the pool's size decides how a product is split, and so its
+// rounding, so two runs compare bit for bit only with the same size on both sides. MKL (PyTorch's
+// wheels): LibTorch's intra-op pool, which sizes MKL's (at::set_num_threads). A loaded OpenBLAS:
+// its own pool, which LibTorch's set_num_threads does not reach (Debian's pthread build runs one
+// thread per core, or OPENBLAS_NUM_THREADS as read at load). Returns false for any other BLAS.
 bool set_blas_threads(int threads);
 
 // OpenBLAS 0.3.21 does not recognise some (often virtualised) CPUs and falls back to old

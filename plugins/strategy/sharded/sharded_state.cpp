@@ -11,6 +11,15 @@ namespace hasten::sharded {
 
 using sdk::Error;
 
+namespace {
+
+// A copy on the CPU (a clone where the tensor already is there).
+torch::Tensor cpu_copy(const torch::Tensor& t) {
+  return t.detach().to(torch::kCPU, t.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+}
+
+}  // namespace
+
 void ShardedStrategy::state_dict(torch::nn::Module& module, int32_t kind, const Emit& emit) {
   Model& m = find(module);
   torch::NoGradGuard no_grad;
@@ -30,14 +39,15 @@ void ShardedStrategy::state_dict(torch::nn::Module& module, int32_t kind, const 
     return;
   }
   // The full tensors on rank 0, one unit at a time: no rank holds more than one unit beyond
-  // its shards.
+  // its shards, and rank 0 copies each to the CPU (FSDP's offload_to_cpu, rank0_only), so a
+  // model larger than one GPU can be saved.
   for (auto& u : m.units) {
     if (u.params.empty()) continue;
     const bool gathered_here = !u.params_live;
     gather_now(u);
     if (rank_ == 0)
       for (size_t i = 0; i < u.params.size(); ++i) {
-        torch::Tensor copy = u.params[i].detach().clone();
+        torch::Tensor copy = cpu_copy(u.params[i]);
         emit(u.names[i], copy);
       }
     if (gathered_here) free_params(u);
@@ -48,11 +58,11 @@ void ShardedStrategy::state_dict(torch::nn::Module& module, int32_t kind, const 
       for (auto& p : u.params) sharded.insert(p.unsafeGetTensorImpl());
     for (auto& named : module.named_parameters())
       if (!sharded.count(named.value().unsafeGetTensorImpl())) {
-        torch::Tensor copy = named.value().detach().clone();
+        torch::Tensor copy = cpu_copy(named.value());
         emit(named.key(), copy);
       }
     for (auto& named : module.named_buffers()) {
-      torch::Tensor copy = named.value().detach().clone();
+      torch::Tensor copy = cpu_copy(named.value());
       emit(named.key(), copy);
     }
   }

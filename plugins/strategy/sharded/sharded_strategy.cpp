@@ -167,7 +167,15 @@ void ShardedStrategy::materialize_unit(Model& m, uint32_t k) {
     u.flat_grad = options_.stage >= 2 ? torch::empty({u.padded}, options) : torch::zeros({u.padded}, options);
     if (options_.stage < 2) attach_grads(u);
     if (options_.stage >= 1) {
-      u.master = u.flat.narrow(0, static_cast<int64_t>(rank_) * u.shard, u.shard).to(shard_device(), torch::kFloat, false, true);
+      const torch::Tensor mine = u.flat.narrow(0, static_cast<int64_t>(rank_) * u.shard, u.shard);
+      if (shard_device().is_cpu() && !mine.is_cpu()) {
+        // Offloaded shards of a GPU model live in pinned memory: each gather copies them to the
+        // GPU without a host wait (begin_gather's non-blocking copy).
+        u.master = torch::empty({u.shard}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
+        u.master.copy_(mine);
+      } else {
+        u.master = mine.to(shard_device(), torch::kFloat, false, true);
+      }
       if (options_.stage == 1)
         u.shard_grad = alias(u.flat_grad, static_cast<int64_t>(rank_) * u.shard, {u.shard});
       else
@@ -222,6 +230,7 @@ void ShardedStrategy::prepare_optimizer(torch::optim::Optimizer& optimizer) {
 // views, tensors autograd saved) now holds 0 bytes. Only this level returns memory; on the CPU
 // the buffer goes to the pool, for the next materialisation of a unit of the same size.
 void ShardedStrategy::storage_free(const torch::Tensor& flat) {
+  c10::DeviceGuard guard(flat.device());  // a device allocator frees on the current device
   c10::StorageImpl* s = flat.storage().unsafeGetStorageImpl();
   const size_t nbytes = s->nbytes();
   c10::DataPtr old = s->set_data_ptr(s->allocator()->allocate(0));
@@ -238,6 +247,9 @@ torch::Tensor ShardedStrategy::pooled_empty(int64_t n, const torch::TensorOption
 }
 
 void ShardedStrategy::storage_alloc(const torch::Tensor& flat, size_t nbytes) {
+  // The CUDA caching allocator allocates on the current device, not the storage's: make it
+  // the storage's, or the memory would sit on another GPU than the tensor claims.
+  c10::DeviceGuard guard(flat.device());
   c10::StorageImpl* s = flat.storage().unsafeGetStorageImpl();
   s->set_data_ptr_noswap(flat.device().is_cpu() ? pool_.take(s->allocator(), nbytes) : s->allocator()->allocate(nbytes));
   s->set_nbytes(nbytes);
@@ -257,7 +269,9 @@ void ShardedStrategy::begin_gather(Unit& u) {
   u.gathering = true;
   storage_alloc(u.flat, static_cast<size_t>(u.padded) * u.flat.element_size());
   count_peaks();
-  u.staging = u.master.to(u.flat.device(), u.flat.scalar_type());
+  // From a pinned offloaded shard the copy is enqueued on the current stream, which the
+  // allgather is ordered after: no host wait.
+  u.staging = u.master.to(u.flat.device(), u.flat.scalar_type(), /*non_blocking=*/u.master.is_pinned());
   DLTensor in = sdk::dl_view(u.staging), out = sdk::dl_view(u.flat);
   collective(host()->allgather(host(), &in, &out, nullptr, &u.gather_work), "parameter allgather");
   u.gathers_in_call = u.gather_work == nullptr;
@@ -603,7 +617,7 @@ void ShardedStrategy::after_optimizer_step(torch::optim::Optimizer&) {
 void ShardedStrategy::begin_gather_into_live(Unit& u) {
   // The master shard itself when it has the parameters' device and dtype (no copy: the gather
   // only reads it, into another buffer).
-  u.staging = u.master.to(u.flat.device(), u.flat.scalar_type());
+  u.staging = u.master.to(u.flat.device(), u.flat.scalar_type(), /*non_blocking=*/u.master.is_pinned());
   DLTensor in = sdk::dl_view(u.staging), out = sdk::dl_view(u.flat);
   collective(host()->allgather(host(), &in, &out, nullptr, &u.gather_work), "parameter allgather");
 }
@@ -619,13 +633,17 @@ double ShardedStrategy::clip_grad_norm(torch::nn::Module& module, double max_nor
     return torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
   }
   // Each rank's shards cover disjoint pieces: combine their norms across ranks.
+  // The sum (or max) stays on the shards' device, in double, unit after unit, and is read once:
+  // one device-to-host wait per clip, not one per unit.
   const bool inf = std::isinf(norm_type);
-  double local = 0;
+  torch::Tensor local_t;
   for (auto& u : m.units) {
     if (!u.shard_grad.defined()) continue;
     const auto g = u.shard_grad.to(torch::kDouble);
-    local = inf ? std::max(local, g.abs().max().item<double>()) : local + g.abs().pow(norm_type).sum().item<double>();
+    const torch::Tensor part = inf ? g.abs().max() : g.abs().pow(norm_type).sum();
+    local_t = !local_t.defined() ? part : inf ? torch::maximum(local_t, part) : local_t + part;
   }
+  const double local = local_t.defined() ? std::max(0.0, local_t.item<double>()) : 0.0;
   const double combined = sdk::allreduce_scalar(host(), local, inf ? HASTEN_REDUCE_MAX : HASTEN_REDUCE_SUM);
   const double total = inf ? combined : std::pow(combined, 1.0 / norm_type);
   const double coef = max_norm / (total + 1e-6);

@@ -1,5 +1,5 @@
 /*
- * hasten plugin ABI, version 1.5.
+ * hasten plugin ABI, version 1.6.
  *
  * The one contract between the hasten core (the "host") and its plugins: strategies,
  * precision, trackers and communication backends. C99, no LibTorch, no C++.
@@ -36,11 +36,18 @@
  *            (checkpoints save and load what the strategy shards, on any number of ranks).
  *     1.4    hasten_comm_init.connect_timeout_ms (set-up is bounded apart from collectives).
  *     1.5    strategy slot load_state_dict_ranges (each rank reads only the slice it keeps).
+ *     1.6    hasten_comm_init.device_id (the CUDA device the host picked for the rank); comm
+ *            slot work_wait_stream (a wait for CUDA work that orders a stream instead of
+ *            blocking the host, used by host waits on CUDA buffers; see "Stream-ordered
+ *            waits" at the comm kind).
  *
  * - Tensors in asynchronous calls: a DLTensor struct passed to any call (and its shape and
  *   strides arrays) is borrowed for the duration of the call only; a callee that needs them
  *   after returning copies them. The memory it points to (data) is borrowed until the work
  *   the call returned has completed (or, when no work came back, until the call returns).
+ *   Since 1.6, a wait for CUDA work may be stream-ordered (work_wait_stream): the memory is
+ *   then the caller's again in the order of the stream that was made to wait, which is what
+ *   LibTorch's caching allocator needs of memory it allocated on that stream.
  * - Work items: an operation that returns a hasten_work** may set *work to NULL, which means
  *   it already completed successfully: the caller neither waits on nor frees a NULL work.
  *   This holds for host collectives (host->allreduce...) and for comm plugin operations.
@@ -74,7 +81,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------ */
 
 #define HASTEN_ABI_MAJOR 1
-#define HASTEN_ABI_MINOR 5
+#define HASTEN_ABI_MINOR 6
 /* Packed as (major << 16) | minor in every abi_version field. */
 #define HASTEN_ABI_VERSION ((uint32_t)((HASTEN_ABI_MAJOR << 16) | HASTEN_ABI_MINOR))
 #define HASTEN_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -228,10 +235,19 @@ struct hasten_host_api {
   hasten_status (*broadcast)(const hasten_host_api* host, DLTensor* buffer, int32_t root,
                              const hasten_coll_options* options, hasten_work** work);
   hasten_status (*barrier)(const hasten_host_api* host, const hasten_coll_options* options);
-  /* Waits for a host work item (timeout_ms 0: the run's timeout). Does not free it. */
+  /* Waits for a host work item (timeout_ms 0: the run's timeout). Does not free it.
+   * Since 1.6, a wait with timeout_ms 0 on an operation over CUDA buffers, whose backend has
+   * work_wait_stream, is stream-ordered and does not block: LibTorch's current stream of the
+   * calling thread on the buffer's device is made to wait for the collective. Work queued on
+   * that stream afterwards sees the results, and memory the caller allocated on that stream
+   * may be freed at once; memory allocated on another stream must be ordered after it (or
+   * recorded on it: c10::cuda::CUDACachingAllocator::recordStream) before it is freed. A
+   * failure found later (a timeout, a dead peer) aborts the backend and is returned by the
+   * next collective or wait. A non-zero timeout_ms always waits on the host. */
   hasten_status (*work_wait)(const hasten_host_api* host, hasten_work* work,
                              int64_t timeout_ms);
-  /* Releases a host work item; waits for it first if it is still running. NULL is a no-op. */
+  /* Releases a host work item; waits for it first if it is still running (CUDA work, since
+   * 1.6: as work_wait with timeout_ms 0, stream-ordered). NULL is a no-op. */
   void (*work_free)(const hasten_host_api* host, hasten_work* work);
   /* The message of the last host call that failed on this thread ("" if none). Borrowed:
    * valid until the next host call on this thread. */
@@ -580,6 +596,35 @@ typedef struct hasten_tracker_vtable {
 /*   order.                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
+/*
+ * Stream-ordered waits (1.6, CUDA backends). work_wait blocks the host until the work has
+ * completed. A backend may also offer work_wait_stream(self, work, stream): it enqueues on
+ * `stream` a wait for the work's completion (cudaStreamWaitEvent) and returns at once.
+ * - Ordering: work enqueued on `stream` after the call sees the collective's results. Nothing
+ *   else is ordered: the host, and other streams, must go through `stream` (an event recorded
+ *   on it, a synchronisation) or through work_wait / work_test.
+ * - Buffers: their memory is the caller's again in the order of `stream`. A caller may hand
+ *   it to an allocator that reuses memory only in the order of the stream it was allocated on
+ *   (LibTorch's caching allocator) when that is `stream`; memory allocated on another stream
+ *   must first be ordered after `stream` or recorded on it. The backend keeps nothing of the
+ *   buffers beyond what the device itself still reads.
+ * - Failures: a failure known at the call (an aborted communicator, an error already
+ *   reported by the backend) is returned; one found later (a timeout, a dead peer) is not.
+ *   The backend then aborts the communicator on its own (a watchdog), so that the waiting
+ *   stream resumes and no rank hangs, logs the failure, and returns it from every later
+ *   operation, wait and test. Results of a collective cut short are undefined.
+ * - Deadline: the work's own (its options' timeout_ms, else init's timeout_ms), counted from
+ *   the call that issued it.
+ * - Freeing: work_free of a work that was made stream-ordered returns at once, whether or not
+ *   it has completed: the backend keeps what it needs (its events) until the collective
+ *   completes or the communicator is aborted. work_free of a work neither completed nor
+ *   stream-ordered still waits for it first, as it always did.
+ * The host (1.6) waits this way for collectives on CUDA buffers, with LibTorch's current
+ * stream of the waiting thread, when the backend has the slot and the wait has no timeout of
+ * its own; with an older backend it blocks in work_wait as before.
+ */
+
+
 typedef struct hasten_comm_init {
   HASTEN_STRUCT_HEADER;
   int32_t rank;
@@ -589,6 +634,15 @@ typedef struct hasten_comm_init {
   /* ---- Since 1.4 ---- */
   int64_t connect_timeout_ms; /* deadline of init's store waits and connections (the run's
                                  rendezvous_timeout_s); 0: timeout_ms                       */
+  /* ---- Since 1.6 ---- */
+  /* CUDA backends: the CUDA ordinal (as this process counts them, after
+   * CUDA_VISIBLE_DEVICES) the host picked for this rank from gpu_ids and LOCAL_RANK, and made
+   * current on the calling thread; the backend uses it for its communicator. -1: the host
+   * picked none (a CPU backend, or a host that leaves the choice to the backend). A 1.0-1.5
+   * host's struct ends before this field, and a 0 there would read as device 0: read it only
+   * when struct_size >= offsetof(hasten_comm_init, device_id) + sizeof(int32_t), and treat a
+   * shorter struct as -1 (hasten::sdk::Comm::init receives -1 then). */
+  int32_t device_id;
 } hasten_comm_init;
 
 /* Since 1.1. What a comm backend serves, so that the host can pick one without knowing its
@@ -644,7 +698,8 @@ typedef struct hasten_comm_vtable {
   /* Optional. *done = non-zero when work has completed; never blocks. NULL: the host only
    * learns of completion through work_wait. */
   hasten_status (*work_test)(hasten_instance* self, hasten_work* work, int32_t* done);
-  /* Required. Releases work (waiting for it first if needed). NULL is a no-op. */
+  /* Required. Releases work (waiting for it first if needed; after work_wait_stream it
+   * returns at once, see "Stream-ordered waits"). NULL is a no-op. */
   void (*work_free)(hasten_instance* self, hasten_work* work);
   /* Optional. Makes every pending and future operation fail promptly; callable from any
    * thread. The host calls it when a wait failed (a timeout, a dead peer): the run is then
@@ -654,6 +709,13 @@ typedef struct hasten_comm_vtable {
   /* Optional (static): what the backend serves. NULL: the host never picks it under `comm:
    * auto`; the config can still select it by name or path. */
   const hasten_comm_serves* serves;
+  /* ---- Since 1.6 ---- */
+  /* Optional (CUDA backends): enqueues on `stream` (a cudaStream_t of the work's device,
+   * borrowed for the call; NULL: the legacy default stream) a wait for work's completion and
+   * returns without blocking the host; work stays owned by the caller, who still frees it.
+   * See "Stream-ordered waits" above for what it orders, the buffers, failures and freeing.
+   * A work already completed returns HASTEN_OK at once. NULL: the host blocks in work_wait. */
+  hasten_status (*work_wait_stream)(hasten_instance* self, hasten_work* work, void* stream);
 } hasten_comm_vtable;
 
 /* ------------------------------------------------------------------------------------------ */

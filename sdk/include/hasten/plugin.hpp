@@ -50,6 +50,8 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 #include <torch/version.h>
+
+#include <hasten/torch_compat.hpp>
 #endif
 
 namespace hasten::sdk {
@@ -457,6 +459,14 @@ class Comm : public PluginBase {
     (void)work;
     return false;
   }
+  // ABI 1.6, CUDA backends: override to answer work_wait_stream (enqueue on `stream`, a
+  // cudaStream_t or NULL for the legacy default stream, a wait for work and return without
+  // blocking; plugin.h, "Stream-ordered waits"). Without it the slot stays NULL and the host
+  // blocks in wait.
+  virtual void wait_stream(hasten_work* work, void* stream) {
+    (void)work, (void)stream;
+    throw Error(HASTEN_ERR_UNSUPPORTED, "work_wait_stream is not supported");
+  }
   virtual void free_work(hasten_work* work) noexcept = 0;
   virtual void abort() noexcept {}
 };
@@ -486,9 +496,12 @@ constexpr hasten_comm_vtable make_comm_vtable() {
   vt.create = &detail::create<T, Comm>;
   vt.destroy = &detail::destroy<Comm>;
   vt.init = [](hasten_instance* i, const hasten_comm_init* init) noexcept {
-    // An older host passes a shorter struct: the fields it did not know read as 0.
+    // An older host passes a shorter struct: the fields it did not know read as 0, except
+    // device_id (1.6), where 0 is a device: it reads as -1, "none picked". struct_size stays
+    // the host's.
     hasten_comm_init mine{};
     std::memcpy(&mine, init, init->struct_size < sizeof mine ? init->struct_size : sizeof mine);
+    if (init->struct_size < offsetof(hasten_comm_init, device_id) + sizeof(int32_t)) mine.device_id = -1;
     return detail::call<Comm>(i, [&](Comm& c) { c.init(mine); });
   };
   vt.supports_device = [](hasten_instance* i, int32_t device_type) noexcept -> int32_t {
@@ -527,6 +540,10 @@ constexpr hasten_comm_vtable make_comm_vtable() {
   if constexpr (HASTEN_SDK_OVERRIDES(T, Comm, test))
     vt.work_test = [](hasten_instance* i, hasten_work* w, int32_t* done) noexcept {
       return detail::call<Comm>(i, [&](Comm& c) { *done = c.test(w) ? 1 : 0; });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Comm, wait_stream))
+    vt.work_wait_stream = [](hasten_instance* i, hasten_work* w, void* stream) noexcept {
+      return detail::call<Comm>(i, [&](Comm& c) { c.wait_stream(w, stream); });
     };
   vt.work_free = [](hasten_instance* i, hasten_work* w) noexcept {
     detail::self<Comm>(i)->free_work(w);
@@ -656,7 +673,7 @@ class GradReadyHook {
   }
 
  private:
-  std::shared_ptr<torch::autograd::Node> node_;  // kept alive: parameters hold it weakly
+  compat::NodePtr node_;  // kept alive: parameters hold it weakly
   uintptr_t key_ = 0;
 };
 
@@ -768,7 +785,7 @@ inline uint64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer) {
 inline std::vector<std::pair<std::string, at::Tensor>> param_state(torch::optim::Optimizer& optimizer,
                                                                    const at::Tensor& param) {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  auto it = optimizer.state().find(c10::guts::to_string(param.unsafeGetTensorImpl()));
+  auto it = optimizer.state().find(compat::state_key(param));
   if (it == optimizer.state().end()) return out;
   auto put = [&](const char* key, const at::Tensor& t) {
     if (t.defined()) out.emplace_back(key, t);
@@ -833,7 +850,7 @@ inline void set_param_state(torch::optim::Optimizer& optimizer, const at::Tensor
     throw Error(HASTEN_ERR_UNSUPPORTED, "the optimizer is of a type hasten cannot set state for (SGD, Adam, AdamW, "
                                         "RMSprop and Adagrad are supported)");
   }
-  optimizer.state()[c10::guts::to_string(param.unsafeGetTensorImpl())] = std::move(made);
+  optimizer.state()[compat::state_key(param)] = std::move(made);
 }
 
 template <class T>

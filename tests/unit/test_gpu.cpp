@@ -1,0 +1,329 @@
+// The core on CUDA (ctest label gpu): device per rank, ddp/zero3/fsdp against the same run on
+// the CPU, bf16 autocast, fp16 loss scaling, checkpoints across devices, the memory report,
+// and the fork rule of hasten::launch. Every test skips, with the reason, where the machine has
+// fewer CUDA devices than it needs (ctest reads gtest's "[  SKIPPED ]").
+//
+// The test process itself never initialises CUDA before it forks ranks (hasten::launch refuses
+// a process that has): the device count is asked of a child.
+#include <hasten/hasten.hpp>
+#include <hasten/torch_compat.hpp>
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "test_util.hpp"
+#include "workloads.hpp"
+
+namespace {
+
+using hasten::Accelerator;
+using hasten::Options;
+using hasten::test::require;
+using hasten::test::TempDir;
+using hasten::test::with_ranks;
+namespace F = torch::nn::functional;
+
+// CUDA devices this machine shows, counted in a child process.
+int visible_gpus() {
+  static const int n = [] {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const int count = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+      ::_exit(std::min(count, 100));
+    }
+    int status = 0;
+    if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return 0;
+    return WEXITSTATUS(status);
+  }();
+  return n;
+}
+
+#define REQUIRE_GPUS(n)                                                                                  \
+  if (visible_gpus() < (n))                                                                              \
+  GTEST_SKIP() << "needs " << (n) << " CUDA device" << ((n) == 1 ? "" : "s") << "; this machine has " \
+               << visible_gpus()
+
+Options isolated(Options o = {}) {
+  hasten::test::isolate_home();
+  return o;
+}
+
+// Comparisons with the CPU need float32 products in float32 (not TF32).
+void strict_float32() {
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setAllowTF32CuDNN(false);
+}
+
+struct Mlp : torch::nn::Module {
+  Mlp() {
+    torch::manual_seed(0);
+    a = register_module("a", torch::nn::Linear(16, 32));
+    b = register_module("b", torch::nn::Linear(32, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    last_hidden_dtype = a->forward(x).scalar_type();
+    return b->forward(torch::relu(a->forward(x)));
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  at::ScalarType last_hidden_dtype = at::kFloat;
+};
+
+std::pair<torch::Tensor, torch::Tensor> data(int64_t n) {
+  torch::manual_seed(1);
+  return {torch::randn({n, 16}), torch::randint(0, 4, {n}, torch::kLong)};
+}
+
+torch::Tensor flat_params(torch::nn::Module& m) {
+  std::vector<torch::Tensor> all;
+  for (auto& p : m.parameters()) all.push_back(p.detach().to(torch::kCPU).reshape(-1));
+  return torch::cat(all);
+}
+
+// `world` ranks train Mlp for 4 steps of Adam with `strategy`, on the GPUs or the CPU; rank 0
+// writes the full parameters after training to `out`.
+void train_and_save(const std::string& strategy, bool cpu, int world, const std::string& out) {
+  std::map<std::string, std::string> env{{"HASTEN_STRATEGY", strategy}};
+  if (cpu) env["HASTEN_USE_CPU"] = "true";
+  hasten::launch(
+      [out, cpu] {
+        strict_float32();
+        Accelerator acc;
+        require(acc.device().is_cuda() != cpu, "device " + acc.device().str());
+        auto net = std::make_shared<Mlp>();
+        torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+        auto [x, y] = data(64);
+        auto [model, opt, loader] = acc.prepare(net, adam, hasten::DataLoader(hasten::TensorDataset(x, y), {8}));
+        int steps = 0;
+        for (auto& batch : loader) {
+          require(batch.input.device() == acc.device(), "batches arrive on the run's device");
+          acc.backward(F::cross_entropy(model(batch.input), batch.target));
+          opt.step();
+          opt.zero_grad();
+          if (++steps == 4) break;
+        }
+        auto full = acc.get_state_dict(model);
+        for (auto& [name, t] : full) require(t.is_cpu(), "the full state dict is gathered to the CPU: " + name);
+        if (acc.is_main_process()) {
+          std::vector<torch::Tensor> all;
+          for (auto& [name, t] : full) all.push_back(t.reshape(-1));
+          torch::save(torch::cat(all), out);
+        }
+        acc.end_training();
+      },
+      with_ranks(world, env));
+}
+
+TEST(GpuDevice, EachRankGetsItsGpuAndMakesItCurrent) {
+  REQUIRE_GPUS(1);
+  const int world = std::min(visible_gpus(), 2);
+  hasten::launch(
+      [] {
+        Accelerator acc;
+        const int local = acc.local_process_index();
+        require(acc.device() == torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local)),
+                "rank " + std::to_string(local) + " got " + acc.device().str());
+        require(c10::cuda::current_device() == local, "the rank's GPU is the current device");
+        require(torch::empty({1}, torch::kCUDA).device().index() == local, "allocations without an index land there");
+      },
+      with_ranks(world));
+}
+
+TEST(GpuDevice, GpuIdsPickTheDevice) {
+  REQUIRE_GPUS(2);
+  hasten::launch(
+      [] {
+        Accelerator acc;
+        require(acc.device() == torch::Device(torch::kCUDA, 1), "gpu_ids 1 gives cuda:1, got " + acc.device().str());
+      },
+      with_ranks(1, {{"HASTEN_GPU_IDS", "1"}}));
+}
+
+TEST(GpuDevice, TwoRanksOnOneGpuAreRefusedWithOneLine) {
+  REQUIRE_GPUS(1);
+  hasten::launch(
+      [] {
+        try {
+          Accelerator acc;
+          require(false, "two ranks on gpu_ids 0 must be refused");
+        } catch (const hasten::ConfigError& e) {
+          require(std::string(e.what()).find("two ranks would share a GPU") != std::string::npos, e.what());
+        }
+      },
+      with_ranks(2, {{"HASTEN_GPU_IDS", "0"}}));
+}
+
+// Same seed, data and steps on the GPU(s) and on the CPU: float32 products differ only in
+// their summation order (cuBLAS vs MKL), so 4 Adam steps agree to 1e-5.
+TEST(GpuStrategies, DdpZero3AndFsdpOnCudaMatchTheSameRunOnTheCpu) {
+  REQUIRE_GPUS(1);
+  const int world = std::min(visible_gpus(), 2);
+  TempDir dir;
+  for (const std::string strategy : {"ddp", "zero3", "fsdp"}) {
+    const auto gpu = (dir.path() / (strategy + "-gpu.pt")).string();
+    const auto cpu = (dir.path() / (strategy + "-cpu.pt")).string();
+    train_and_save(strategy, false, world, gpu);
+    train_and_save(strategy, true, world, cpu);
+    torch::Tensor a, b;
+    torch::load(a, gpu);
+    torch::load(b, cpu);
+    ASSERT_EQ(a.numel(), b.numel()) << strategy;
+    EXPECT_LT((a - b).abs().max().item<double>(), 1e-5) << strategy << " on " << world << " GPU(s) vs the CPU";
+  }
+}
+
+TEST(GpuPrecision, Bf16AutocastRunsTheForwardInBf16OnCuda) {
+  REQUIRE_GPUS(1);
+  strict_float32();
+  Options o = isolated();
+  o.mixed_precision = "bf16";
+  Accelerator acc(o);
+  ASSERT_TRUE(acc.device().is_cuda());
+  auto net = std::make_shared<Mlp>();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, opt] = acc.prepare(net, sgd);
+  auto [x, y] = data(32);
+  const auto loss = F::cross_entropy(model(x.to(acc.device())), y.to(acc.device()));
+  EXPECT_EQ(net->last_hidden_dtype, at::kBFloat16) << "the linear layers ran under CUDA autocast";
+  auto reference = std::make_shared<Mlp>();
+  const auto expected = F::cross_entropy(reference->forward(x), y);
+  EXPECT_NEAR(loss.item<double>(), expected.item<double>(), 2e-2) << "bf16 loss within bf16's precision of float32";
+  acc.backward(loss);
+  for (auto& p : net->parameters()) EXPECT_EQ(p.grad().scalar_type(), at::kFloat) << "gradients stay float32";
+}
+
+TEST(GpuPrecision, Fp16ScalerSkipsAnOverflowingStepAndBacksOff) {
+  REQUIRE_GPUS(1);
+  Options o = isolated();
+  o.mixed_precision = "fp16";
+  o.set = {{"precision_options", "{init_scale: 1024}"}};
+  Accelerator acc(o);
+  auto net = std::make_shared<Mlp>();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, opt] = acc.prepare(net, sgd);
+  auto [x, y] = data(32);
+  x = x.to(acc.device());
+  y = y.to(acc.device());
+  acc.backward(F::cross_entropy(model(x), y));
+  opt.step();
+  EXPECT_FALSE(opt.step_was_skipped());
+  opt.zero_grad();
+  acc.backward(F::cross_entropy(model(x), y));
+  net->a->weight.mutable_grad()[0][0] = std::numeric_limits<float>::infinity();
+  const auto before = net->a->weight.detach().clone();
+  opt.step();
+  EXPECT_TRUE(opt.step_was_skipped());
+  EXPECT_TRUE(torch::equal(net->a->weight.detach(), before)) << "a skipped step leaves the weights";
+  EXPECT_DOUBLE_EQ(acc.loss_scale(), 512.0);
+}
+
+// A checkpoint written on the GPU resumes a CPU run and back; Adam's state lands on the device
+// of each run's parameters, not where it was saved.
+TEST(GpuCheckpoint, SavedOnGpuLoadsOnCpuAndBack) {
+  REQUIRE_GPUS(1);
+  TempDir dir;
+  auto [x, y] = data(32);
+  auto train = [&](Accelerator& acc, auto& model, auto& opt) {
+    acc.backward(F::cross_entropy(model(x.to(acc.device())), y.to(acc.device())));
+    opt.step();
+    opt.zero_grad();
+  };
+  auto adam_state_device = [](torch::optim::Adam& adam, const torch::Tensor& p) {
+    auto it = adam.state().find(hasten::compat::state_key(p));
+    return it == adam.state().end() ? torch::Device(torch::kMeta)
+                                    : static_cast<torch::optim::AdamParamState&>(*it->second).exp_avg().device();
+  };
+  torch::Tensor on_gpu;
+  {
+    Accelerator acc(isolated());
+    auto net = std::make_shared<Mlp>();
+    torch::optim::Adam adam(net->parameters());
+    auto [model, opt] = acc.prepare(net, adam);
+    train(acc, model, opt);
+    acc.save_state((dir.path() / "gpu").string());
+    on_gpu = flat_params(*net);
+  }
+  torch::Tensor on_cpu;
+  {
+    Options o = isolated();
+    o.cpu = true;
+    Accelerator acc(o);
+    auto net = std::make_shared<Mlp>();
+    torch::optim::Adam adam(net->parameters());
+    auto [model, opt] = acc.prepare(net, adam);
+    acc.load_state((dir.path() / "gpu").string());
+    EXPECT_TRUE(torch::equal(flat_params(*net), on_gpu)) << "the GPU's weights, on the CPU";
+    EXPECT_TRUE(adam_state_device(adam, net->a->weight).is_cpu()) << "Adam's state on the CPU";
+    train(acc, model, opt);
+    acc.save_state((dir.path() / "cpu").string());
+    on_cpu = flat_params(*net);
+  }
+  {
+    Accelerator acc(isolated());
+    auto net = std::make_shared<Mlp>();
+    torch::optim::Adam adam(net->parameters());
+    auto [model, opt] = acc.prepare(net, adam);
+    acc.load_state((dir.path() / "cpu").string());
+    EXPECT_TRUE(torch::equal(flat_params(*net), on_cpu)) << "the CPU's weights, on the GPU";
+    EXPECT_EQ(adam_state_device(adam, net->a->weight), acc.device()) << "Adam's state on the rank's GPU";
+  }
+}
+
+TEST(GpuMemory, TheReportCountsShardsOnCuda) {
+  REQUIRE_GPUS(1);
+  hasten::launch(
+      [] {
+        Accelerator acc;
+        require(acc.device().is_cuda(), "a GPU run");
+        auto net = std::make_shared<Mlp>();
+        int64_t numel = 0;
+        for (auto& p : net->parameters()) numel += p.numel();
+        torch::optim::Adam adam(net->parameters());
+        auto [model, opt] = acc.prepare(net, adam);
+        auto [x, y] = data(16);
+        acc.backward(F::cross_entropy(model(x.to(acc.device())), y.to(acc.device())));
+        opt.step();
+        opt.zero_grad();
+        const auto r = acc.memory_report();
+        require(r.params == 0, "zero3 holds no full parameters at rest: " + std::to_string(r.params));
+        require(r.param_shards >= static_cast<uint64_t>(numel) * 4, "the float32 shard: " + std::to_string(r.param_shards));
+        require(r.optimizer >= static_cast<uint64_t>(numel) * 8, "Adam's two moments: " + std::to_string(r.optimizer));
+        require(r.peak_params > 0, "parameters were gathered for forward");
+      },
+      with_ranks(1, {{"HASTEN_STRATEGY", "zero3"}}));
+}
+
+// gpt-tiny's causal mask and positions are plain tensors (kept out of DDP's buffer broadcast):
+// forward brings them to its input's device. (LibTorch cannot move a module to the meta device,
+// so only a GPU shows this.)
+TEST(GpuWorkloads, TinyGptRunsOnTheGpuItWasMovedTo) {
+  REQUIRE_GPUS(1);
+  torch::manual_seed(0);
+  auto model = hasten::workloads::build_model("gpt-tiny");
+  model->to(torch::kCUDA);
+  const auto idx = torch::zeros({16, 2}, torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA));
+  const auto out = model->forward(idx);
+  EXPECT_TRUE(out.is_cuda());
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{16, 2, 96}));
+}
+
+TEST(GpuLaunch, AProcessThatInitialisedCudaCannotFork) {
+  REQUIRE_GPUS(1);
+  (void)torch::cuda::device_count();  // cuInit in this process
+  ASSERT_TRUE(torch::cuda::is_available());
+  try {
+    hasten::launch([] {}, with_ranks(2));
+    FAIL() << "hasten::launch after CUDA initialised must be refused";
+  } catch (const hasten::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already initialised CUDA"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
