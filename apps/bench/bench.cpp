@@ -311,7 +311,7 @@ int main(int argc, char** argv) {
                  "--max-model: first size tried, doubled while it fits or halved until one does (default 1)")
       ->check(hasten::cli::integer_in(1, 1024));
   app.add_option("--peer", mm.peer, "--max-model: the PyTorch peer (default: the source tree's torch_peer.py)");
-  app.add_option("--python", mm.python, "--max-model: torch-ddp2's interpreter (default: $HASTEN_PYTHON, else python3 on PATH)");
+  app.add_option("--python", mm.python, "--max-model: torch-ddp2's interpreter (default: $HASTEN_BENCH_PYTHON, else python3 on PATH)");
   std::string trial_mode;
   int trial_size = 0;
   app.add_option("--max-model-trial", trial_mode)->group("")->check(CLI::IsMember({"ddp2", "zero3"}));

@@ -218,12 +218,12 @@ Trial run_trial(const MaxModelOptions& o, const std::string& side, int size) {
   return t;
 }
 
-// The torch-ddp2 trials' interpreter as a path for execv: o.python, else $HASTEN_PYTHON, else
+// The torch-ddp2 trials' interpreter as a path for execv: o.python, else $HASTEN_BENCH_PYTHON, else
 // python3; a name without a slash is looked up on PATH. Empty when no executable is found.
 std::string peer_python(const MaxModelOptions& o, std::string& named) {
   named = o.python;
   if (named.empty()) {
-    const char* env = std::getenv("HASTEN_PYTHON");
+    const char* env = std::getenv("HASTEN_BENCH_PYTHON");
     named = env && *env ? env : "python3";
   }
   if (named.find('/') != std::string::npos) return ::access(named.c_str(), X_OK) == 0 ? named : std::string();
@@ -306,7 +306,7 @@ int max_model(const MaxModelOptions& options) {
       o.python = peer_python(options, named);
       if (o.python.empty()) {
         std::cerr << "hasten-bench: error: --max-model: no Python interpreter '" << named
-                  << "' for the torch-ddp2 side (set HASTEN_PYTHON to the project's .venv/bin/python)" << std::endl;
+                  << "' for the torch-ddp2 side (set HASTEN_BENCH_PYTHON to the project's .venv/bin/python)" << std::endl;
         return 2;
       }
     }

@@ -24,7 +24,7 @@ struct MaxModelOptions {
   int start_size = 1;       // the first size tried: the search doubles up from it or halves down
   std::string self;         // this program, for the hasten trials
   std::string peer;         // tests/integration/peers/torch_peer.py, for torch-ddp2
-  // torch-ddp2's interpreter. Empty (the default): $HASTEN_PYTHON where set (the project's
+  // torch-ddp2's interpreter. Empty (the default): $HASTEN_BENCH_PYTHON where set (the project's
   // .venv/bin/python), else python3 from PATH; a name without a slash is looked up on PATH.
   std::string python;
 };

@@ -44,24 +44,30 @@ torch::Tensor MlpImpl::forward(torch::Tensor input) { return layers->forward(inp
 
 torch::Tensor CausalBlockImpl::forward(const torch::Tensor& src, const torch::Tensor& mask) {
   namespace F = torch::nn::functional;
-  // Python's F.multi_head_attention_forward for self-attention (q is k is v), need_weights=False.
+  // Python's F.multi_head_attention_forward for self-attention (q is k is v), need_weights=False,
+  // as PyTorch 2.x runs it: the packed in-projection, then scaled_dot_product_attention.
   const int64_t len = src.size(0), batch = src.size(1), width = src.size(2);
   const int64_t heads = self_attn->options.num_heads(), head_dim = width / heads;
   // torch::linear (aten::linear, what Python's F.linear calls), not F::linear or Linear's
-  // forward: for inputs of more than two dimensions LibTorch 1.13's C++ F::linear computes
-  // matmul and then adds the bias, where aten::linear folds the bias into one addmm; once the
-  // inner dimension spans several of the BLAS's blocks (linear2's 1024 under OpenBLAS's
-  // Haswell kernel) the two round differently.
-  const auto qkv = torch::linear(src, self_attn->in_proj_weight, self_attn->in_proj_bias).chunk(3, -1);
-  auto split_heads = [&](const torch::Tensor& t) { return t.contiguous().view({len, batch * heads, head_dim}).transpose(0, 1); };
-  const torch::Tensor q = split_heads(qkv[0]) / std::sqrt(static_cast<double>(head_dim));
-  const torch::Tensor k = split_heads(qkv[1]), v = split_heads(qkv[2]);
-  torch::Tensor weights = mask.defined() ? torch::baddbmm(mask.unsqueeze(0), q, k.transpose(-2, -1))
-                                         : torch::bmm(q, k.transpose(-2, -1));
-  weights = torch::softmax(weights, -1);
-  if (self_attn->options.dropout() > 0.0)
-    weights = F::dropout(weights, F::DropoutFuncOptions().p(self_attn->options.dropout()).training(is_training()));
-  torch::Tensor attn = torch::bmm(weights, v).transpose(0, 1).contiguous().view({len * batch, width});
+  // forward: for inputs of more than two dimensions LibTorch's C++ F::linear computes matmul
+  // and then adds the bias, where aten::linear folds the bias into one addmm, which rounds
+  // differently once the inner dimension spans several of the BLAS's blocks.
+  // _in_projection_packed: (len, batch, 3 * width) -> (3, len, batch, width).
+  const torch::Tensor proj = torch::linear(src, self_attn->in_proj_weight, self_attn->in_proj_bias)
+                                 .unflatten(-1, {3, width})
+                                 .unsqueeze(0)
+                                 .transpose(0, -2)
+                                 .squeeze(-2)
+                                 .contiguous();
+  auto heads_first = [&](const torch::Tensor& t) {
+    return t.view({len, batch * heads, head_dim}).transpose(0, 1).view({batch, heads, len, head_dim});
+  };
+  // A (len, len) float mask broadcast over batch and heads, as Python's (1, 1, L, S).
+  const torch::Tensor attn_mask = mask.defined() ? mask.unsqueeze(0).unsqueeze(0) : torch::Tensor();
+  const double dropout_p = is_training() ? self_attn->options.dropout() : 0.0;
+  torch::Tensor attn = at::scaled_dot_product_attention(heads_first(proj[0]), heads_first(proj[1]),
+                                                        heads_first(proj[2]), attn_mask, dropout_p, false);
+  attn = attn.permute({2, 0, 1, 3}).reshape({batch * len, width});
   attn = torch::linear(attn, self_attn->out_proj->weight, self_attn->out_proj->bias).view({len, batch, width});
   // Python's _sa_block and _ff_block, post-norm.
   const torch::Tensor x = norm1(src + dropout1(attn));

@@ -38,10 +38,11 @@ struct MlpImpl : ModelImpl {
 
 // A post-norm TransformerEncoderLayer (same parameters, names and initialisation) whose forward
 // is the one PyTorch's Python layer runs in training: self-attention with need_weights=False.
-// LibTorch 1.13's C++ layer always asks its attention for the head-averaged weights (a sum over
-// heads of every score matrix, then thrown away) and adds the mask after the score product;
-// Python scales q, folds the mask into one baddbmm and averages nothing. This block does what
-// Python does, op for op, so that gpt-tiny costs the same and rounds the same as the peer's.
+// LibTorch's C++ layer always asks its attention for the head-averaged weights (a sum over heads
+// of every score matrix, then thrown away) and computes scores, softmax and product op by op;
+// PyTorch 2.x's Python layer calls scaled_dot_product_attention (a fused kernel on the CPU too)
+// and averages nothing. This block does what Python does, op for op, so that gpt-tiny costs the
+// same and rounds the same as the peer's.
 struct CausalBlockImpl : torch::nn::TransformerEncoderLayerImpl {
   using torch::nn::TransformerEncoderLayerImpl::TransformerEncoderLayerImpl;
   // src: (sequence, batch, d_model); mask: a float (sequence, sequence) matrix added to the

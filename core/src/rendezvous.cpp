@@ -268,24 +268,25 @@ c10::intrusive_ptr<c10d::TCPStore> open_store(const ProcessInfo& p, c10d::TCPSto
   const auto start = Clock::now();
   const auto deadline = start + Ms(timeout_ms);
   auto next_report = start + kProgressEvery - Ms(500);
-  // c10d retries a refused connection once a second and fails at once when less is left: a
-  // rank that starts a moment before rank 0 listens would lose a whole second. The first
-  // attempts are therefore short (c10d's own retry never starts) and repeated here every
-  // 20 ms; from 1 s on, c10d's rounds of up to kProgressEvery take over (a slow network then
-  // has its full second per attempt).
+  // c10d's client (2.x) makes two tries of opts.timeout each with a randomised back-off of up
+  // to about opts.timeout between them, so one attempt takes up to ~3x opts.timeout: a rank
+  // that starts a moment before rank 0 listens would lose that much. The first attempts are
+  // therefore short (100 ms) and repeated here every 20 ms; from 1 s on, rounds of a third of
+  // kProgressEvery take over (a slow network then has at least a second per try), so that the
+  // progress line still comes every kProgressEvery.
   constexpr Ms kQuick{100};
   for (;;) {
     const auto left = std::chrono::duration_cast<Ms>(deadline - Clock::now());
     const bool early = Clock::now() - start < Ms(1000);
     opts.timeout = opts.isServer ? Ms(timeout_ms)
                    : early       ? std::min(kQuick, std::max(left, Ms(1)))
-                                 : std::max(Ms(1000), std::min(kProgressEvery, left));
+                                 : std::max(Ms(1000), std::min(kProgressEvery, left) / 3);
     const auto attempt = Clock::now();
     try {
       auto made = std::make_shared<c10::intrusive_ptr<c10d::TCPStore>>();
-      // c10d's connect retries within opts.timeout; the margin is for a peer that accepts
-      // and then never answers.
-      if (!run_bounded(opts.timeout.count() + 5000, [made, addr = p.master_addr, opts] {
+      // c10d's tries and back-off take up to ~3x opts.timeout; the margin is for a peer that
+      // accepts and then never answers.
+      if (!run_bounded(3 * opts.timeout.count() + 5000, [made, addr = p.master_addr, opts] {
             *made = c10::make_intrusive<c10d::TCPStore>(addr, opts);
           }))
         throw Error("rendezvous: rank " + std::to_string(p.rank) + " got no answer from the store at " + where +

@@ -41,7 +41,9 @@ def example(*args):
 
 
 def peer(*args):
-    return [PYTHON, os.path.join(PEER_DIR, "torch_peer.py"), *args]
+    """torch_peer.py with the AdamW arithmetic of LibTorch's C++ optimizer, which hasten-example
+    trains with (peer_workloads.LibTorchAdamW says why)."""
+    return [PYTHON, os.path.join(PEER_DIR, "torch_peer.py"), "--optimizer", "libtorch", *args]
 
 
 def run(cmd, timeout=300, env=None, check=False, cwd=None):

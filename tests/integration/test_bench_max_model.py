@@ -5,7 +5,7 @@ every fitting trial's summed peak stays within the budget, and zero3 fits a mode
 large as ddp2's. --start-size above the answer finds it too (the largest size that fitted, the
 next one over; within one size of the search from 1, whose edge may sit within a MiB). Killed
 with SIGTERM, the search takes its running trial's whole process group with it. Bad budgets,
-sides, start sizes and a missing interpreter (HASTEN_PYTHON) are one clear line."""
+sides, start sizes and a missing interpreter (HASTEN_BENCH_PYTHON) are one clear line."""
 import json
 import os
 import signal
@@ -18,8 +18,8 @@ import harness as h
 BENCH = os.path.join(h.BIN, "hasten-bench")
 PEER = os.path.join(h.PEER_DIR, "torch_peer.py")
 # The torch-ddp2 side's interpreter, named explicitly: this test's own (the project's .venv),
-# not whatever python3 PATH holds. hasten-bench reads it from HASTEN_PYTHON (or --python).
-PEER_ENV = {"HASTEN_PYTHON": h.PYTHON}
+# not whatever python3 PATH holds. hasten-bench reads it from HASTEN_BENCH_PYTHON (or --python).
+PEER_ENV = {"HASTEN_BENCH_PYTHON": h.PYTHON}
 
 
 def search(*args):
@@ -149,6 +149,6 @@ h.check_clean_failure(h.run([BENCH, "--max-model", "--start-size", "5", "--max-s
 h.check_clean_failure(h.run([BENCH, "--max-model", "--budget-mib", "1"]), "--budget-mib 1", "--budget-mib")
 h.check_clean_failure(h.run([BENCH, "--max-model", "--sides", "ddp3"]), "--sides ddp3", "--sides")
 h.check_clean_failure(h.run([BENCH, "--max-model", "--sides", "torch-ddp2", "--max-size", "1"],
-                            env={"HASTEN_PYTHON": "/nonexistent/python"}),
-                      "HASTEN_PYTHON=/nonexistent/python", "HASTEN_PYTHON")
+                            env={"HASTEN_BENCH_PYTHON": "/nonexistent/python"}),
+                      "HASTEN_BENCH_PYTHON=/nonexistent/python", "HASTEN_BENCH_PYTHON")
 print("bench_max_model: OK")

@@ -58,6 +58,11 @@ def check_tree(bin_dir, lib_dir, label):
         check(path, needs_torch=True)
         checked += 1
     check(os.path.join(lib_dir, "libhasten.so"), needs_torch=True)
+    # The process each tracker runs in: bin/ in the build tree, libexec/hasten/ once installed.
+    host = os.path.join(bin_dir, "hasten-tracker-host")
+    if not os.path.exists(host):
+        host = os.path.join(os.path.dirname(bin_dir), "libexec", "hasten", "hasten-tracker-host")
+    check(host, needs_torch=True)
     nccl = None
     for f in sorted(os.listdir(plugins)):
         if f.endswith(".so"):
