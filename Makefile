@@ -21,7 +21,7 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# Tests labelled slow (the parity tests under every OpenBLAS kernel, ~20 min) are left out;
+# Tests labelled slow (the parity tests under every CPU kernel family, MKL or OpenBLAS) are left out;
 # `make test-slow` runs them.
 test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE '^slow$$' $(CTEST_ARGS)

@@ -18,7 +18,7 @@ packages=(
   python3 python3-venv              # the interpreter .venv is made from
   libgloo-dev                       # CPU collectives (comm plugin gloo), linked statically
   libboost-dev libboost-filesystem-dev   # Boost.DLL
-  libcli11-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev libdlpack-dev
+  libcli11-dev libyaml-cpp-dev nlohmann-json3-dev libdlpack-dev
   libgtest-dev libgmock-dev
   libprotobuf-dev protobuf-compiler # tensorboard tracker: event/summary messages from a .proto subset
   binutils file jq procps

@@ -56,8 +56,8 @@ const std::vector<Mode>& modes() {
   return m;
 }
 
-// One intra-op thread per process, and the OpenBLAS kernel `hasten launch` would choose:
-// OpenBLAS reads both when it loads, so the bench re-executes itself once with them set.
+// One intra-op thread per process, and (with an OpenBLAS) the kernel `hasten launch` would choose:
+// the BLAS reads both when it loads, so the bench re-executes itself once with them set.
 void prepare_environment(char** argv) {
   if (std::getenv("HASTEN_BENCH_READY")) return;
   ::setenv("HASTEN_BENCH_READY", "1", 1);
@@ -292,7 +292,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-bytes", max_bytes, "Largest collective buffer (default 64 MiB)")
       ->check(hasten::cli::integer_in(4096, 1ll << 34));
   app.add_flag("--quiet,-q", quiet, "No progress bar on stderr during the workload runs");
-  app.add_flag("--print-blas-env", print_blas_env, "Print the OpenBLAS settings the runs use, and exit");
+  app.add_flag("--print-blas-env", print_blas_env, "Print the BLAS settings the runs use, and exit");
   int processes = 0;
   app.add_option("--processes", processes, "Processes of the multi-process modes (default: 2)")
       ->check(hasten::cli::integer_in(2, 64));

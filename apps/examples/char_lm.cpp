@@ -144,7 +144,7 @@ int train(const Args& a, hasten::Options options) {
   options.gradient_accumulation_steps = static_cast<int>(a.accumulation);
   hasten::Accelerator acc(options);  // hasten
   torch::set_num_threads(a.threads);
-  hasten::set_blas_threads(a.threads);  // OpenBLAS's pool too: set_num_threads does not reach it
+  hasten::set_blas_threads(a.threads);  // the BLAS's pool: MKL follows LibTorch's, an OpenBLAS has its own
   torch::manual_seed(a.seed);
   // Sharding strategies gather and free one encoder layer at a time.
   const bool units = acc.strategy() == "zero" || acc.strategy() == "fsdp";
@@ -393,7 +393,7 @@ int main(int argc, char** argv) {
                  "Validation windows, evenly spaced over the held-out text (0: all)")
       ->check(whole_number(0));
   app.add_option("--seed", a.seed, "Seed of the initial weights, the shuffle order and the sampling");
-  app.add_option("--threads", a.threads, "Intra-op threads per process (LibTorch's pool and OpenBLAS's)")->check(whole_number(1));
+  app.add_option("--threads", a.threads, "Intra-op threads per process (LibTorch's pool, which sizes MKL's; an OpenBLAS's own pool)")->check(whole_number(1));
   app.add_option("--log_every,--log-every", a.log_every, "Log loss, gradient norm and lr every N steps (0: off)")
       ->check(whole_number(0));
   app.add_option("--checkpoint_every,--checkpoint-every", a.checkpoint_every,

@@ -102,7 +102,7 @@ int train(const Args& a, hasten::Options options) {
   if (a.resume) options.resume = "auto";
   hasten::Accelerator acc(options);  // hasten
   torch::set_num_threads(a.threads);
-  hasten::set_blas_threads(a.threads);  // OpenBLAS's pool too: set_num_threads does not reach it
+  hasten::set_blas_threads(a.threads);  // the BLAS's pool: MKL follows LibTorch's, an OpenBLAS has its own
   torch::manual_seed(a.seed);
   auto net = std::make_shared<CnnImpl>();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(a.lr));
@@ -239,7 +239,7 @@ int main(int argc, char** argv) {
       ->check(whole_number(1));
   app.add_option("--lr", a.lr, "Adam learning rate")->check(positive_real());
   app.add_option("--seed", a.seed, "Seed of the initial weights and the shuffle order");
-  app.add_option("--threads", a.threads, "Intra-op threads per process (LibTorch's pool and OpenBLAS's)")->check(whole_number(1));
+  app.add_option("--threads", a.threads, "Intra-op threads per process (LibTorch's pool, which sizes MKL's; an OpenBLAS's own pool)")->check(whole_number(1));
   app.add_option("--log_every,--log-every", a.log_every, "Log the training loss to the trackers every N steps (0: off)")
       ->check(whole_number(0));
   app.add_option("--data_dir,--data-dir", a.data_dir, "Directory of the four IDX files (.gz or not)");

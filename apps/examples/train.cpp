@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-every,--log_every", a.log_every, "Tracker logging period in steps (0: off)")
       ->check(hasten::cli::integer_in(0, kMaxSteps));
   app.add_flag("--quiet,-q", a.quiet, "No progress bar (it goes to stderr: redrawn on a terminal, else plain lines)");
-  app.add_option("--threads", a.threads, "Intra-op threads (LibTorch's pool and OpenBLAS's)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", a.threads, "Intra-op threads (LibTorch's pool, which sizes MKL's; an OpenBLAS's own pool)")->check(CLI::PositiveNumber);
   app.add_option("--project", a.project, "Tracker project name");
   app.add_flag("--units", a.units, "Declare every Linear (MLP) or encoder layer (gpt-tiny) a sharding unit");
   app.add_option("--clip", a.clip, "clip_grad_norm_ to this norm on synchronising steps (0: off)")

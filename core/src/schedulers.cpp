@@ -58,7 +58,7 @@ double progress(int64_t step, int64_t warmup, int64_t total) {
 LambdaLR::LambdaLR(torch::optim::Optimizer& optimizer, Factor factor)
     : torch::optim::LRScheduler(optimizer), target_(optimizer), factor_(std::move(factor)) {
   if (!factor_) throw Error("LambdaLR: the factor function is empty");
-  // LibTorch 1.13 starts the count at 0; later releases leave it uninitialised.
+  // LibTorch's count starts at 0 (1.13 and 2.x); set here so that no release's default matters.
   step_count_ = 0;
   for (auto& group : target_.param_groups()) {
     try {

@@ -1,5 +1,5 @@
 // hasten::schedulers: the learning-rate schedules of HuggingFace transformers (and so of the
-// Accelerate examples) that LibTorch 1.13 lacks, for any torch::optim optimizer.
+// Accelerate examples) that LibTorch lacks, for any torch::optim optimizer.
 //
 //   torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(3e-4));
 //   auto sched = hasten::schedulers::linear_with_warmup(opt, /*warmup=*/100, /*total=*/1000);

@@ -10,8 +10,11 @@ namespace detail {
 struct PendingWork;
 }  // namespace detail
 
-// An asynchronous collective: wait() blocks until it completes and throws hasten::Error if
-// it failed (a dead or hung peer, a timeout).
+// An asynchronous collective. wait() blocks until it completes and throws hasten::Error if it
+// failed (a dead or hung peer, a timeout). On CUDA tensors whose backend has work_wait_stream
+// (nccl), wait() instead makes LibTorch's current stream wait for the collective and returns
+// without blocking the host: a failure already known is thrown; a later one, or a timeout,
+// aborts the communicator (the plugin's watchdog) and fails every later CUDA collective.
 class Work {
  public:
   Work() = default;

@@ -198,7 +198,7 @@ struct hasten_host_api {
   const char* host_version;      /* static: hasten's version, "0.1.0"                        */
   const char* torch_fingerprint; /* static: the host's LibTorch build (see plugin descriptor) */
 
-  /* Writes into the host's log (spdlog). plugin and message: borrowed. */
+  /* Writes into the host's log (hasten::Logger). plugin and message: borrowed. */
   void (*log)(const hasten_host_api* host, int32_t level, const char* plugin,
               const char* message);
   /* Records the message of the failure about to be returned; thread-local, copied. */
