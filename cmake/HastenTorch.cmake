@@ -13,7 +13,13 @@ set(HASTEN_TORCH_TESTED_MAX 2.15)
 
 set(HASTEN_PYTHON "${CMAKE_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH
     "The Python interpreter of the tests and peers (its torch should be the LibTorch built against)")
-if(NOT Torch_DIR AND NOT DEFINED ENV{Torch_DIR} AND EXISTS "${HASTEN_PYTHON}")
+if(DEFINED HASTEN_WITH_NCCL)
+  message(FATAL_ERROR "hasten: HASTEN_WITH_NCCL is gone: the nccl plugin is built with the CUDA paths "
+                      "(HASTEN_CUDA=AUTO, ON or OFF)")
+endif()
+# Torch_DIR from the Python (not a user's): found again on every configure, so that new pins
+# (a new .venv target) or another HASTEN_PYTHON take effect in an existing build directory.
+if((NOT Torch_DIR OR HASTEN_TORCH_DIR_FROM_PYTHON) AND NOT DEFINED ENV{Torch_DIR} AND EXISTS "${HASTEN_PYTHON}")
   execute_process(COMMAND "${HASTEN_PYTHON}" -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
                   OUTPUT_VARIABLE _hasten_torch_prefix RESULT_VARIABLE _rc
                   OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
@@ -21,8 +27,13 @@ if(NOT Torch_DIR AND NOT DEFINED ENV{Torch_DIR} AND EXISTS "${HASTEN_PYTHON}")
     # The real path: .venv is a link into a cache, and a LibTorch under the source directory
     # would make CMake refuse to export its include directories.
     get_filename_component(_hasten_torch_prefix "${_hasten_torch_prefix}" REALPATH)
+    if(Torch_DIR AND NOT Torch_DIR STREQUAL "${_hasten_torch_prefix}/Torch")
+      unset(Torch_DIR CACHE)
+      unset(Caffe2_DIR CACHE)
+    endif()
     # Appended: a prefix the user passed is searched first.
     list(APPEND CMAKE_PREFIX_PATH "${_hasten_torch_prefix}")
+    set(HASTEN_TORCH_DIR_FROM_PYTHON ON CACHE INTERNAL "Torch_DIR came from HASTEN_PYTHON's torch")
   endif()
 endif()
 
@@ -36,8 +47,21 @@ if(_hasten_torch_config)
     find_package(CUDAToolkit QUIET)
     if(NOT CUDAToolkit_FOUND)
       message(FATAL_ERROR "hasten: the LibTorch at ${_hasten_torch_root} is a CUDA build and its CMake package "
-                          "needs the CUDA toolkit (nvcc): install it (or set CUDAToolkit_ROOT)")
+                          "needs the CUDA toolkit (nvcc) of the same major version: install it (or set "
+                          "CUDAToolkit_ROOT)")
     endif()
+    # The package refuses an older major than LibTorch's own CUDA (a wheel's CUDA runtime is in
+    # nvidia/cuNN): say which one is needed.
+    file(GLOB _hasten_cu_majors LIST_DIRECTORIES true RELATIVE "${_hasten_torch_root}/../nvidia"
+         "${_hasten_torch_root}/../nvidia/cu[0-9]*")
+    foreach(_d ${_hasten_cu_majors})
+      string(SUBSTRING "${_d}" 2 -1 _major)
+      if(CUDAToolkit_VERSION_MAJOR LESS _major)
+        message(FATAL_ERROR "hasten: the LibTorch at ${_hasten_torch_root} is built with CUDA ${_major} and the "
+                            "CUDA toolkit found is ${CUDAToolkit_VERSION} (${CUDAToolkit_NVCC_EXECUTABLE}): install "
+                            "a CUDA ${_major} toolkit (or set CUDAToolkit_ROOT)")
+      endif()
+    endforeach()
   endif()
 endif()
 
@@ -54,6 +78,15 @@ if(HASTEN_TORCH_VERSION VERSION_LESS HASTEN_TORCH_MIN_VERSION)
                       "(supported: ${HASTEN_TORCH_MIN_VERSION} to ${HASTEN_TORCH_TESTED_MAX}); "
                       "run `make deps` for the pinned wheel or pass Torch_DIR")
 endif()
+# The tests' peers and `make bench` run HASTEN_PYTHON's torch: it should be this LibTorch.
+if(EXISTS "${HASTEN_PYTHON}")
+  execute_process(COMMAND "${HASTEN_PYTHON}" -c "import torch; print(torch.__version__.split('+')[0])"
+                  OUTPUT_VARIABLE _hasten_py_torch RESULT_VARIABLE _rc OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  if(_rc EQUAL 0 AND NOT _hasten_py_torch VERSION_EQUAL HASTEN_TORCH_VERSION)
+    message(WARNING "hasten: HASTEN_PYTHON (${HASTEN_PYTHON}) runs torch ${_hasten_py_torch}, hasten builds against "
+                    "LibTorch ${HASTEN_TORCH_VERSION}: the parity tests would compare two builds")
+  endif()
+endif()
 string(REGEX MATCH "^[0-9]+\\.[0-9]+" _hasten_torch_mm "${HASTEN_TORCH_VERSION}")
 if(_hasten_torch_mm VERSION_GREATER HASTEN_TORCH_TESTED_MAX)
   message(WARNING "hasten: LibTorch ${HASTEN_TORCH_VERSION} is newer than the newest tested (${HASTEN_TORCH_TESTED_MAX})")
@@ -61,8 +94,10 @@ endif()
 
 # One C++ ABI: Debian's libraries hasten links (yaml-cpp, GoogleTest, Boost) use the new
 # libstdc++ ABI; a LibTorch built with the old one cannot share std::string with them.
-get_target_property(_hasten_torch_opts torch INTERFACE_COMPILE_OPTIONS)
-if(_hasten_torch_opts MATCHES "_GLIBCXX_USE_CXX11_ABI=0")
+# LibTorch's CMake package does not say which ABI it uses: ask its library. The new ABI's
+# std::string is std::__cxx11::basic_string, whose mangled names hold "__cxx11".
+file(STRINGS "${TORCH_INSTALL_PREFIX}/lib/libc10.so" _hasten_cxx11 REGEX "__cxx11" LIMIT_COUNT 1)
+if(NOT _hasten_cxx11)
   message(FATAL_ERROR "hasten: the LibTorch at ${TORCH_INSTALL_PREFIX} uses the old C++ ABI "
                       "(_GLIBCXX_USE_CXX11_ABI=0) and this system's C++ libraries the new one: use a cxx11-ABI "
                       "LibTorch (every PyPI wheel from 2.7 on)")
@@ -74,68 +109,18 @@ if(NOT EXISTS "${TORCH_INSTALL_PREFIX}/include/fmt/format.h")
   message(FATAL_ERROR "hasten: the LibTorch at ${TORCH_INSTALL_PREFIX} ships no fmt headers (include/fmt)")
 endif()
 
-# Where the libraries LibTorch loads live: its lib/ and, for a wheel, the nvidia/* packages
-# next to it (libtorch_cuda.so's own DT_RPATH finds them the same way).
-set(HASTEN_TORCH_LIB_DIRS "${TORCH_INSTALL_PREFIX}/lib")
-get_filename_component(_hasten_site "${TORCH_INSTALL_PREFIX}/.." ABSOLUTE)
-set(_hasten_wheel_nvidia "${_hasten_site}/nvidia")
-
-# CUDA: LibTorch is a CUDA build (it has torch_cuda) unless the user turned CUDA off.
-set(HASTEN_TORCH_CUDA OFF)
-if(TARGET torch_cuda AND NOT HASTEN_CUDA STREQUAL "OFF")
-  set(HASTEN_TORCH_CUDA ON)
-elseif(HASTEN_CUDA STREQUAL "ON")
-  message(FATAL_ERROR "hasten: HASTEN_CUDA=ON but the LibTorch at ${TORCH_INSTALL_PREFIX} has no CUDA "
-                      "(a CPU-only build); use a CUDA LibTorch or HASTEN_CUDA=AUTO")
-endif()
-
-if(HASTEN_TORCH_CUDA)
-  # The NCCL and CUDA runtime LibTorch itself loads: a wheel's nvidia/nccl and nvidia/cu13
-  # (headers included), else a libtorch archive's lib/, else the toolkit.
-  file(GLOB _hasten_cu_dirs LIST_DIRECTORIES true "${_hasten_wheel_nvidia}/cu[0-9]*")
-  set(_hasten_nccl_hints "${_hasten_wheel_nvidia}/nccl" "${TORCH_INSTALL_PREFIX}")
-  set(_hasten_cuda_hints ${_hasten_cu_dirs} "${_hasten_wheel_nvidia}/cuda_runtime" "${TORCH_INSTALL_PREFIX}"
-      ${CUDAToolkit_LIBRARY_ROOT} ${CUDAToolkit_TARGET_DIR})
-  find_path(HASTEN_NCCL_INCLUDE_DIR nccl.h HINTS ${_hasten_nccl_hints} ${CUDAToolkit_INCLUDE_DIRS}
-            PATH_SUFFIXES include NO_DEFAULT_PATH)
-  find_library(HASTEN_NCCL_LIBRARY NAMES libnccl.so.2 nccl HINTS ${_hasten_nccl_hints} ${CUDAToolkit_LIBRARY_DIR}
-               PATH_SUFFIXES lib lib64 NO_DEFAULT_PATH)
-  find_path(HASTEN_CUDA_INCLUDE_DIR cuda_runtime.h HINTS ${_hasten_cuda_hints} ${CUDAToolkit_INCLUDE_DIRS}
-            PATH_SUFFIXES include NO_DEFAULT_PATH)
-  find_library(HASTEN_CUDART_LIBRARY NAMES libcudart.so.13 libcudart.so.12 cudart
-               HINTS ${_hasten_cuda_hints} ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64 NO_DEFAULT_PATH)
-  if(NOT HASTEN_NCCL_INCLUDE_DIR OR NOT HASTEN_NCCL_LIBRARY OR NOT HASTEN_CUDA_INCLUDE_DIR OR NOT HASTEN_CUDART_LIBRARY)
-    message(FATAL_ERROR "hasten: LibTorch ${HASTEN_TORCH_VERSION} has CUDA but NCCL or the CUDA runtime was not "
-                        "found next to it (looked in ${_hasten_nccl_hints} ${_hasten_cuda_hints}); "
-                        "pass -DHASTEN_CUDA=OFF for a CPU-only build")
-  endif()
-  file(STRINGS "${HASTEN_NCCL_INCLUDE_DIR}/nccl.h" _hasten_nccl_v REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) ")
-  string(REGEX REPLACE ".*NCCL_MAJOR ([0-9]+).*NCCL_MINOR ([0-9]+).*NCCL_PATCH ([0-9]+).*" "\\1.\\2.\\3"
-         HASTEN_NCCL_VERSION "${_hasten_nccl_v}")
-  get_filename_component(_d "${HASTEN_NCCL_LIBRARY}" DIRECTORY)
-  list(APPEND HASTEN_TORCH_LIB_DIRS "${_d}")
-  get_filename_component(_d "${HASTEN_CUDART_LIBRARY}" DIRECTORY)
-  list(APPEND HASTEN_TORCH_LIB_DIRS "${_d}")
-  list(REMOVE_DUPLICATES HASTEN_TORCH_LIB_DIRS)
-  # LibTorch's package links the toolkit's cudart into everything (torch::cudart); at run time
-  # libtorch_cuda loads its own (the wheel's nvidia/cu13). Link that one, so one CUDA runtime
-  # is in the process and nothing needs the toolkit to run.
-  if(TARGET torch::cudart)
-    set_property(TARGET torch::cudart PROPERTY INTERFACE_LINK_LIBRARIES "${HASTEN_CUDART_LIBRARY}")
-  endif()
-  # NVRTC (the toolkit's, in TORCH_LIBRARIES) is LibTorch's business: libtorch_cuda loads its own.
-  if(CUDA_NVRTC_LIB)
-    list(REMOVE_ITEM TORCH_LIBRARIES "${CUDA_NVRTC_LIB}")
-  endif()
-endif()
-# The wheel links MKL statically; its package still adds link directories under an empty
-# MKL_ROOT (/lib/intel64...), which would end up in every rpath.
-if(TARGET caffe2::mkl AND NOT MKL_ROOT)
-  set_property(TARGET caffe2::mkl PROPERTY INTERFACE_LINK_DIRECTORIES "")
-endif()
+# What LibTorch loads at run time, and its package's links made to match (the same file runs
+# in a project's find_package(hasten): cmake/hastenConfig.cmake.in).
+include(${CMAKE_CURRENT_LIST_DIR}/HastenTorchRuntime.cmake)
 
 # Binaries and plugins find libhasten next door and LibTorch where it was built from, so they
 # run without LD_LIBRARY_PATH, installed or not. The build tree gets the same directories
 # first (CMake appends the directories of what a target links).
 set(CMAKE_INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}" ${HASTEN_TORCH_LIB_DIRS})
-set(CMAKE_BUILD_RPATH ${HASTEN_TORCH_LIB_DIRS})
+if(NOT CMAKE_INSTALL_LIBDIR STREQUAL "lib")  # the build tree's lib/ (an install to lib/<triplet>)
+  list(APPEND CMAKE_INSTALL_RPATH "$ORIGIN/../lib")
+endif()
+# The build tree uses the same RUNPATH (its bin/ and lib/ mirror the installed layout; targets
+# built elsewhere set their own): otherwise CMake pads the build tree's RUNPATH with empty
+# entries to rewrite it in place at install, and an empty entry searches the current directory.
+set(CMAKE_BUILD_WITH_INSTALL_RPATH ON)

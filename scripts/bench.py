@@ -169,6 +169,8 @@ def main():
             k, v = line.split("=", 1)
             env[k] = v
     env.setdefault("OMP_NUM_THREADS", "1")
+    # Every side on the CPU, also on a machine with GPUs: the peers here are CPU runs.
+    env["HASTEN_USE_CPU"] = "true"
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     blas_line = [l[2:] for l in blas if l.startswith("# ")]
     settings = {k: env.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}

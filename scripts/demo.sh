@@ -24,7 +24,8 @@ mkdir -p "$run_dir"
 log="$run_dir/output.log"
 echo "demo: training a CNN on Fashion-MNIST (60,000 images; test set 10,000) for $epochs epochs on 2 processes (ddp)"
 start=$(date +%s)
-"$build_dir/bin/hasten" launch --num_processes 2 --strategy ddp \
+# --cpu: the same CPU run on a machine with GPUs (two processes on one GPU would be refused).
+"$build_dir/bin/hasten" launch --num_processes 2 --cpu --strategy ddp \
   "$build_dir/bin/hasten-fashion-mnist" --epochs "$epochs" --batch_size 32 --lr 1e-3 \
   --project_dir "$run_dir" --trackers tensorboard csv 2>&1 | tee "$log"
 seconds=$(($(date +%s) - start))

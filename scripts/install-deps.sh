@@ -16,7 +16,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   python3 python3-venv              # the interpreter .venv is made from
-  libgloo-dev                       # CPU collectives (comm plugin gloo), linked statically
+  libgloo-dev                       # CPU collectives (comm plugin gloo; plugins/comm/gloo/gloo_loader.c)
   libboost-dev libboost-filesystem-dev   # Boost.DLL
   libcli11-dev libyaml-cpp-dev nlohmann-json3-dev libdlpack-dev
   libgtest-dev libgmock-dev
@@ -95,3 +95,21 @@ if [ -L "$root/.venv" ] || [ ! -e "$root/.venv" ]; then
   ln -sfn "$venv" "$root/.venv"
 fi
 echo "deps: .venv -> $(readlink -f "$root/.venv") (torch $("$root/.venv/bin/python" -c 'import torch; print(torch.__version__)'))"
+
+# The CUDA wheel's CMake package needs the CUDA toolkit (nvcc) of its CUDA major version to
+# configure against, even for a CPU-only hasten: checked here so that the first `make` does not
+# stop inside LibTorch's CMake files. CUDAToolkit_ROOT names another toolkit.
+cuda_major="$("$root/.venv/bin/python" -c 'import torch; print((torch.version.cuda or "").split(".")[0])')"
+if [ -n "$cuda_major" ]; then
+  nvcc=""
+  for candidate in "${CUDAToolkit_ROOT:+$CUDAToolkit_ROOT/bin/nvcc}" "$(command -v nvcc || true)" /usr/local/cuda/bin/nvcc; do
+    if [ -n "$candidate" ] && [ -x "$candidate" ]; then nvcc="$candidate"; break; fi
+  done
+  have=""
+  if [ -n "$nvcc" ]; then have="$("$nvcc" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p' | head -n1)"; fi
+  if [ -z "$have" ] || [ "$have" -lt "$cuda_major" ]; then
+    echo "deps: error: the pinned torch is a CUDA $cuda_major build, whose CMake package needs a CUDA $cuda_major toolkit (nvcc) to configure; found ${nvcc:-none}${have:+ (CUDA $have)}: install NVIDIA's cuda-toolkit-$cuda_major-x, or set CUDAToolkit_ROOT to one" >&2
+    exit 1
+  fi
+  echo "deps: CUDA toolkit $have ($nvcc) for the CUDA $cuda_major wheel"
+fi

@@ -170,13 +170,25 @@ int launch(const LaunchFlags& flags) {
   // sets it; the ordinals count among what the launcher itself sees) and take them in
   // local-rank order, so they are handed gpu_ids "all".
   if (!config.use_cpu && config.gpu_ids != "all") {
+    const std::vector<int> ids = parse_gpu_ids(config.gpu_ids);
+    // One GPU per process: refused here, before any worker starts (and restarts).
+    if (plan.local_world_size > static_cast<int>(ids.size()))
+      throw ConfigError("gpu_ids '" + config.gpu_ids + "' lists " + std::to_string(ids.size()) + " GPU" +
+                        (ids.size() == 1 ? "" : "s") + " for " + std::to_string(plan.local_world_size) +
+                        " processes on this machine: two ranks would share a GPU (allowed: at most one process "
+                        "per GPU; fewer processes, more gpu_ids, or --cpu)");
     std::vector<std::string> seen;
-    if (auto it = env.find("CUDA_VISIBLE_DEVICES"); it != env.end() && !it->second.empty()) {
-      std::stringstream list(it->second);
+    const auto cvd = env.find("CUDA_VISIBLE_DEVICES");
+    if (cvd != env.end()) {
+      if (cvd->second.empty())
+        throw ConfigError("gpu_ids '" + config.gpu_ids +
+                          "': CUDA_VISIBLE_DEVICES is set and empty, so no GPU is visible (allowed: unset it, or "
+                          "name the GPUs in it that gpu_ids counts among, or --cpu)");
+      std::stringstream list(cvd->second);
       for (std::string item; std::getline(list, item, ',');) seen.push_back(item);
     }
     std::string visible;
-    for (int id : parse_gpu_ids(config.gpu_ids)) {
+    for (int id : ids) {
       if (!seen.empty() && id >= static_cast<int>(seen.size()))
         throw ConfigError("gpu_ids: GPU " + std::to_string(id) + " is not among the " + std::to_string(seen.size()) +
                           " of CUDA_VISIBLE_DEVICES='" + env.at("CUDA_VISIBLE_DEVICES") + "' (allowed: ordinals 0.." +

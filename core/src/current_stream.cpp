@@ -1,6 +1,9 @@
-// LibTorch's current stream for a device buffer (current_stream.hpp). LibTorch 2.11-2.15 only:
-// c10::Stream::native_handle() exists from 2.11 (PR #171040).
+// LibTorch's current stream for a device buffer (current_stream.hpp), through c10's
+// device-generic interface, so that libhasten needs no CUDA headers; the raw handle comes from
+// torch_compat.hpp (c10::Stream::native_handle, LibTorch 2.11 on).
 #include "current_stream.hpp"
+
+#include <hasten/torch_compat.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -14,7 +17,7 @@ bool find_current_stream(const DLDevice& device, void** stream) noexcept {
     const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
     const c10::Stream current =
         impl->getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device.device_id)));
-    *stream = current.native_handle();  // NULL for the default stream
+    *stream = compat::native_stream_handle(current);  // NULL for the default stream
     return true;
   } catch (...) {
     return false;

@@ -28,7 +28,8 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
     // One GPU per process, from gpu_ids and LOCAL_RANK; two ranks on one GPU are refused here,
     // before any communicator exists (NCCL would refuse them only from inside its init).
     const int ordinal = select_cuda_device(s.config.gpu_ids, s.process.local_rank, s.process.local_world_size,
-                                           static_cast<int>(torch::cuda::device_count()));
+                                           static_cast<int>(torch::cuda::device_count()),
+                                           gpu_bound_per_process(current_environment(), s.process.local_world_size));
     s.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ordinal));
     s.dl_device = {kDLCUDA, ordinal};
     // Current before anything allocates: allocations that name no device, the legacy default

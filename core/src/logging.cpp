@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -74,6 +75,7 @@ void write_stderr(LogLevel level, std::string_view head, std::string_view messag
   size_t left = line.size();
   while (left > 0) {
     const ssize_t n = ::write(STDERR_FILENO, p, left);
+    if (n < 0 && errno == EINTR) continue;  // a signal (the launcher's SIGCHLD) is not the end
     if (n <= 0) return;
     p += n;
     left -= static_cast<size_t>(n);

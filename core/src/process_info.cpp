@@ -128,8 +128,15 @@ std::vector<int> parse_gpu_ids(const std::string& gpu_ids) {
   return ids;
 }
 
-int select_cuda_device(const std::string& gpu_ids, int local_rank, int local_world_size, int visible) {
+bool gpu_bound_per_process(const Environment& env, int local_world_size) {
+  auto it = env.find("CUDA_VISIBLE_DEVICES");
+  return local_world_size > 1 && it != env.end() && !it->second.empty() && it->second.find(',') == std::string::npos;
+}
+
+int select_cuda_device(const std::string& gpu_ids, int local_rank, int local_world_size, int visible,
+                       bool bound_per_process) {
   const std::vector<int> ids = parse_gpu_ids(gpu_ids);
+  if (bound_per_process && ids.empty() && visible >= 1) return 0;  // this process's own GPU
   const int usable = ids.empty() ? visible : static_cast<int>(ids.size());
   if (local_world_size > usable) {
     throw ConfigError("this machine runs " + std::to_string(local_world_size) + " processes but has " +

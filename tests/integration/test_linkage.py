@@ -27,7 +27,22 @@ def ldd(path):
     return deps
 
 
+def runpath(path):
+    p = subprocess.run(["readelf", "-d", path], capture_output=True, text=True, timeout=60)
+    for line in p.stdout.splitlines():
+        if "(RUNPATH)" in line or "(RPATH)" in line:
+            return line.split("[", 1)[1].rsplit("]", 1)[0]
+    return None
+
+
 def check(path, needs_torch):
+    # Every RUNPATH entry absolute or $ORIGIN-relative: an empty one (a stray ':') or a relative
+    # one searches the directory the program is run from.
+    rp = runpath(path)
+    if rp is not None:
+        bad = [e for e in rp.split(":") if not (e.startswith("/") or e.startswith("$ORIGIN"))]
+        if bad:
+            h.fail(f"{path}: RUNPATH '{rp}' has entries that search the current directory: {bad}")
     deps = ldd(path)
     missing = [name for name, where in deps.items() if where == "not"]
     if missing:
@@ -64,12 +79,15 @@ def check_tree(bin_dir, lib_dir, label):
         host = os.path.join(os.path.dirname(bin_dir), "libexec", "hasten", "hasten-tracker-host")
     check(host, needs_torch=True)
     nccl = None
-    for f in sorted(os.listdir(plugins)):
-        if f.endswith(".so"):
-            deps = check(os.path.join(plugins, f), needs_torch="strategy" in f or "precision" in f)
-            checked += 1
-            if f == "libhasten-comm-nccl.so":
-                nccl = deps
+    libraries = [os.path.join(plugins, f) for f in sorted(os.listdir(plugins)) if f.endswith(".so")]
+    # gloo's implementation, which its loader opens (plugins/comm/gloo/gloo_loader.c).
+    libraries += [os.path.join(plugins, "gloo", f) for f in sorted(os.listdir(os.path.join(plugins, "gloo")))]
+    for path in libraries:
+        f = os.path.basename(path)
+        deps = check(path, needs_torch="strategy" in f or "precision" in f)
+        checked += 1
+        if f == "libhasten-comm-nccl.so":
+            nccl = deps
     if os.path.exists(os.path.join(TORCH_LIB, "libtorch_cuda.so")):
         if nccl is None:
             h.fail(f"{label}: LibTorch has CUDA but there is no nccl comm plugin in {plugins}")

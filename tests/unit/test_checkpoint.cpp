@@ -614,7 +614,7 @@ TEST(Weights, SaveModelShardsByteSizeAndLoadWeightsReproducesTheModel) {
   hasten::launch(
       [&] {
         Options o;
-        o.strategy.emplace("zero3");  // not `= "zero3"`: GCC 12 -Wmaybe-uninitialized misfires on it in C++20
+        o.strategy = "zero3";
         Accelerator acc(o);
         torch::manual_seed(5);
         auto net = std::make_shared<NetImpl>();

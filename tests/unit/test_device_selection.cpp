@@ -42,6 +42,21 @@ TEST(DeviceSelection, TwoRanksOnOneGpuAreRefusedBeforeAnyCommunicator) {
   EXPECT_NE(listed.find("has 1 GPU in gpu_ids '0'"), std::string::npos) << listed;
 }
 
+// srun --gpus-per-task=1 (or any launcher that sets CUDA_VISIBLE_DEVICES per process): each
+// process sees only its own GPU, whatever its local rank.
+TEST(DeviceSelection, AGpuBoundPerProcessIsTaken) {
+  EXPECT_TRUE(hasten::gpu_bound_per_process({{"CUDA_VISIBLE_DEVICES", "3"}}, 4));
+  EXPECT_FALSE(hasten::gpu_bound_per_process({{"CUDA_VISIBLE_DEVICES", "3"}}, 1));  // one process: nothing to bind
+  EXPECT_FALSE(hasten::gpu_bound_per_process({{"CUDA_VISIBLE_DEVICES", "0,1"}}, 2));
+  EXPECT_FALSE(hasten::gpu_bound_per_process({{"CUDA_VISIBLE_DEVICES", ""}}, 2));
+  EXPECT_FALSE(hasten::gpu_bound_per_process({}, 2));
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(hasten::select_cuda_device("all", r, 4, 1, true), 0);
+  // Without the binding the same numbers are two ranks on one GPU.
+  EXPECT_NE(refusal("all", 3, 4, 1).find("two ranks would share a GPU"), std::string::npos);
+  // A gpu_ids list still counts among the visible ones.
+  EXPECT_NE(refusal("1", 0, 4, 1).find("two ranks would share a GPU"), std::string::npos);
+}
+
 TEST(DeviceSelection, ANotVisibleGpuIsRefused) {
   const auto e = refusal("0,5", 1, 2, 4);
   EXPECT_NE(e.find("GPU 5 is not visible (4 visible GPUs, ordinals 0..3"), std::string::npos) << e;

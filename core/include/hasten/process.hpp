@@ -41,7 +41,15 @@ ProcessInfo detect_process_info(const Environment& env);
 // One GPU per process: throws ConfigError, with one line, when gpu_ids is malformed, names a
 // GPU that is not visible or twice, or when the machine runs more processes
 // (local_world_size) than it has GPUs for (two ranks would share a GPU, which NCCL refuses).
-int select_cuda_device(const std::string& gpu_ids, int local_rank, int local_world_size, int visible);
+// bound_per_process: the launcher gave each process its own GPU through CUDA_VISIBLE_DEVICES
+// (`srun --gpus-per-task=1`: one visible GPU per process, whatever the local rank): gpu_ids
+// "all" then takes visible GPU 0.
+int select_cuda_device(const std::string& gpu_ids, int local_rank, int local_world_size, int visible,
+                       bool bound_per_process = false);
+
+// Whether CUDA_VISIBLE_DEVICES, as env holds it, binds one GPU to this process alone: it names
+// exactly one device while this machine runs several processes.
+bool gpu_bound_per_process(const Environment& env, int local_world_size);
 
 // gpu_ids parsed: an empty list for "all". Throws ConfigError on anything else than "all" or
 // a comma list of distinct non-negative integers.
