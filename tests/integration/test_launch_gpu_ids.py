@@ -16,7 +16,10 @@ def worker_env(p, rank):
     return dict(part.split("=", 1) for part in line.split(":", 1)[1].split() if "=" in part)
 
 
-env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+# The suite hides GPUs with an empty CUDA_VISIBLE_DEVICES; these runs start without it (h.run
+# adds each call's own variables to this process's environment).
+os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+env = {}
 p = dry("--gpu_ids", "2,0", env=env)
 if p.returncode != 0:
     h.fail(f"--gpu_ids 2,0: {p.stderr}")
