@@ -188,17 +188,10 @@ def main():
             summary["gpu"] = torch.cuda.get_device_name(accelerator.device)
             summary["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated(accelerator.device) / 2**20, 1)
         print(json.dumps(summary), flush=True)
-        if args.losses_out:
-            with open(args.losses_out, "w") as f:
-                json.dump({"impl": "accelerate", "workload": args.workload, "mode": args.mode, "B": args.batch,
-                           "losses": losses}, f)
+        tp.write_losses(args, "accelerate", losses)
     if world > 1:
         accelerator.wait_for_everyone()
-        # Leave without tearing the process group down, as the DDP peer does (the teardown has
-        # hung a rank before); everything is written by now.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        tp.leave_without_teardown()
 
 
 if __name__ == "__main__":
