@@ -300,14 +300,17 @@ c10::intrusive_ptr<c10d::TCPStore> open_store(const ProcessInfo& p, c10d::TCPSto
       why = why.substr(0, why.find('\n'));
       if (opts.isServer) throw Error("rendezvous: rank 0 cannot host the store at " + where + ": " + why);
       const auto waited = std::chrono::duration_cast<Ms>(Clock::now() - start).count();
-      if (Clock::now() + Ms(500) >= deadline)
-        throw Error("rendezvous: rank " + std::to_string(p.rank) + " could not reach rank 0's store at " + where +
-                    " within " + seconds(timeout_ms) + " s (rank 0 never started or is unreachable): " + why);
+      // The progress line comes before the deadline check: one of c10d's attempts can take
+      // up to ~3x its timeout, so the attempt that spans the report time may also be the
+      // last one, and a wait that was due to be reported must still be said.
       if (Clock::now() >= next_report) {
         get_logger("hasten", false)->info("rendezvous: rank {} waiting for rank 0's store at {} ({} s of {})", p.rank,
                                           where, waited / 1000, timeout_ms / 1000);
         next_report = Clock::now() + kProgressEvery - Ms(500);
       }
+      if (Clock::now() + Ms(500) >= deadline)
+        throw Error("rendezvous: rank " + std::to_string(p.rank) + " could not reach rank 0's store at " + where +
+                    " within " + seconds(timeout_ms) + " s (rank 0 never started or is unreachable): " + why);
       // An attempt that failed at once (nothing listens yet) is not repeated in a busy loop.
       if (early)
         std::this_thread::sleep_for(Ms(20));
