@@ -77,6 +77,16 @@ std::string unknown_flag_message(const std::string& word, const std::vector<std:
          " (hasten launch --help lists the options; the program comes after them)";
 }
 
+// Said once, when a run across machines starts without the run's secret.
+void warn_without_token(const LaunchPlan& plan) {
+  if (plan.num_machines == 1 || !plan.run_token.empty()) return;
+  std::cerr << "hasten launch: " << detail::kRunTokenVariable
+            << " is not set: this run's store and launcher agents accept whoever reaches their ports (set the same "
+               "value on every machine, e.g. export HASTEN_RUN_TOKEN=$(openssl rand -hex 16); see docs/launch.md, "
+               "\"Network and trust\")"
+            << std::endl;
+}
+
 // --max_restarts with several machines: every machine's launcher follows the rounds machine
 // 0's coordinator starts (machine_agents.hpp), so a failure anywhere restarts the workers
 // everywhere.
@@ -85,6 +95,7 @@ int launch_across_machines(const LaunchPlan& plan, const Config& config) {
     throw ConfigError("config error: main_process_port " + std::to_string(plan.master_port) +
                       " cannot coordinate restarts across machines: give every machine the same port from 1 to "
                       "65534 (machine 0's launcher also listens on main_process_port + 1)");
+  warn_without_token(plan);
   MachineAgents::Settings s;
   s.num_machines = plan.num_machines;
   s.machine_rank = plan.machine_rank;
@@ -93,6 +104,9 @@ int launch_across_machines(const LaunchPlan& plan, const Config& config) {
   s.master_port = plan.master_port;
   s.max_restarts = config.max_restarts;
   s.join_timeout_s = config.rendezvous_timeout_s;
+  s.token = plan.run_token;
+  const auto bind = current_environment().find("HASTEN_BIND_ADDR");
+  if (bind != current_environment().end()) s.bind_override = bind->second;
   MachineAgents agents(s);
   for (;;) {
     const MachineAgents::Round round = agents.next_round();
@@ -145,6 +159,17 @@ int launch(const LaunchFlags& flags) {
   plan.master_addr = config.main_process_ip;
   plan.master_port = config.main_process_port;
   plan.grace_s = flags.grace_s;
+  // The run's secret: the store and the machine agents refuse whoever does not present it.
+  // One machine: made here. Across machines every launcher must present the same one, so it
+  // comes from the environment (the same HASTEN_RUN_TOKEN on every machine); without it the
+  // run is open to whoever reaches its ports, as a torchrun run is.
+  const auto given_token = env.find(detail::kRunTokenVariable);
+  if (given_token != env.end() && !given_token->second.empty()) {
+    detail::check_run_token(given_token->second);
+    plan.run_token = given_token->second;
+  } else if (config.num_machines == 1) {
+    plan.run_token = detail::make_run_token();
+  }
   if (config.num_machines == 1) {
     // One machine: port 0 or a busy port picks a free one.
     if (plan.master_port == 0 || !detail::port_is_free(plan.master_port)) {
@@ -222,7 +247,8 @@ int launch(const LaunchFlags& flags) {
               << nlohmann::json::parse(config.resolved_json).dump(2) << "\n";
     for (int lr = 0; lr < plan.local_world_size; ++lr) {
       std::cout << "worker rank " << plan.global_rank(lr) << " (local rank " << lr << "):";
-      for (auto& [k, v] : plan.worker_env(lr)) std::cout << " " << k << "=" << shell_quote(v);
+      for (auto& [k, v] : plan.worker_env(lr))
+        std::cout << " " << k << "=" << (k == detail::kRunTokenVariable ? std::string("(secret)") : shell_quote(v));
       for (auto& a : plan.command) std::cout << " " << shell_quote(a);
       std::cout << "\n";
     }
@@ -230,6 +256,7 @@ int launch(const LaunchFlags& flags) {
     return 0;
   }
   if (config.max_restarts > 0 && config.num_machines > 1) return launch_across_machines(plan, config);
+  warn_without_token(plan);
   // torchrun's --max_restarts: a failed worker stops the others and all start again, up to
   // max_restarts times; the workers learn the attempt from TORCHELASTIC_RESTART_COUNT (a
   // program resumes from its newest checkpoint: hasten-example --resume, load_state()).

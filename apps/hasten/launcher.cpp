@@ -110,6 +110,7 @@ std::vector<std::pair<std::string, std::string>> LaunchPlan::worker_env(int loca
   auto env = this->env;
   for (auto& kv : detail::torchrun_env(place)) env.push_back(std::move(kv));
   env.emplace_back("HASTEN_LAUNCHED", "1");
+  if (!run_token.empty()) env.emplace_back(detail::kRunTokenVariable, run_token);
   // The launcher starts every line with "[rank r] ": the workers' log lines leave it out.
   if (prefix_output) env.emplace_back("HASTEN_RANK_PREFIXED", "1");
   return env;
@@ -149,8 +150,26 @@ int run_workers(const LaunchPlan& plan, bool* interrupted, int* failed_rank) {
       return 1;
     }
     // Everything the child needs is prepared before fork (no allocation after it).
+    // The child's whole environment is built here: putenv after fork could allocate while
+    // another thread of the launcher (the machine agents') holds the allocator's lock.
     std::vector<std::string> env_strings;
-    for (auto& [k, v] : plan.worker_env(lr)) env_strings.push_back(k + "=" + v);
+    const auto extra = plan.worker_env(lr);
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string entry = *e;
+      const std::string key = entry.substr(0, entry.find('='));
+      bool replaced = false;
+      for (auto& kv : extra) replaced = replaced || kv.first == key;
+      if (!replaced) env_strings.push_back(entry);
+    }
+    // Later entries of the plan win over earlier ones with the same name.
+    for (size_t i = 0; i < extra.size(); ++i) {
+      bool later = false;
+      for (size_t j = i + 1; j < extra.size(); ++j) later = later || extra[j].first == extra[i].first;
+      if (!later) env_strings.push_back(extra[i].first + "=" + extra[i].second);
+    }
+    std::vector<char*> envp;
+    for (auto& kv : env_strings) envp.push_back(const_cast<char*>(kv.c_str()));
+    envp.push_back(nullptr);
     std::vector<char*> argv;
     for (auto& a : plan.command) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -181,8 +200,7 @@ int run_workers(const LaunchPlan& plan, bool* interrupted, int* failed_rank) {
         ::close(err_pipe[0]);
         ::close(err_pipe[1]);
       }
-      for (auto& kv : env_strings) ::putenv(const_cast<char*>(kv.c_str()));
-      ::execvp(argv[0], argv.data());
+      ::execvpe(argv[0], argv.data(), envp.data());
       const std::string msg = "hasten launch: cannot run '" + plan.command[0] + "': " + std::strerror(errno) + "\n";
       write_all(2, msg);
       ::_exit(127);

@@ -21,6 +21,7 @@ struct LaunchPlan {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::vector<std::pair<std::string, std::string>> env;  // set on every worker
+  std::string run_token;  // the run's secret (HASTEN_RUN_TOKEN); empty: none (printed nowhere)
   bool prefix_output = false;
   std::string log_dir;  // non-empty: also write rank_<r>.log there
   bool echo = true;     // false: workers' output only to log_dir, and no launcher lines (hasten test)

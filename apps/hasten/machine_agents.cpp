@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <iostream>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -44,7 +45,12 @@ bool send_line(int fd, std::string line) {
   return true;
 }
 
-// Reads what is there into buf and moves whole lines to out; false at EOF or on an error.
+// The longest line a launcher sends (a FAIL with a worker's last words is the longest):
+// a peer that sends more without a newline is not a launcher of this run.
+constexpr size_t kMaxLine = 16384;
+
+// Reads what is there into buf and moves whole lines to out; false at EOF, on an error, or
+// when a line grows past kMaxLine.
 bool read_lines(int fd, std::string& buf, std::deque<std::string>& out) {
   char chunk[4096];
   const ssize_t n = ::recv(fd, chunk, sizeof chunk, MSG_DONTWAIT);
@@ -55,7 +61,7 @@ bool read_lines(int fd, std::string& buf, std::deque<std::string>& out) {
     out.push_back(buf.substr(0, nl));
     buf.erase(0, nl + 1);
   }
-  return true;
+  return buf.size() <= kMaxLine;
 }
 
 // "WORD a b rest of the line" -> the first `fields` words, then the rest (which may hold spaces).
@@ -70,6 +76,14 @@ std::vector<std::string> split_fields(const std::string& line, size_t fields) {
   }
   out.push_back(pos <= line.size() ? line.substr(pos) : "");
   return out;
+}
+
+// Compares in time that does not depend on where the tokens first differ.
+bool same_token(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
 }
 
 int to_int(const std::string& s, int fallback = -1) {
@@ -87,34 +101,42 @@ int to_int(const std::string& s, int fallback = -1) {
 class Coordinator {
  public:
   explicit Coordinator(const MachineAgents::Settings& s) : s_(s), port_(s.master_port) {
-    listen_fd_ = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    bool v6 = listen_fd_ >= 0;
-    if (!v6) listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (listen_fd_ < 0) throw Error(std::string("hasten launch: socket: ") + std::strerror(errno));
+    // The address the other machines reach (main_process_ip), not every interface.
+    std::string note;
+    bind_host_ = detail::listen_address(s.main_addr, /*spans_machines=*/true, s.bind_override, &note);
+    if (!note.empty()) std::cerr << "hasten launch: " << note << std::endl;
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;
+    addrinfo* found = nullptr;
+    if (const int rc = ::getaddrinfo(bind_host_.c_str(), std::to_string(s.agent_port).c_str(), &hints, &found); rc != 0)
+      throw Error("hasten launch: cannot listen on " + bind_host_ + ": " + ::gai_strerror(rc));
+    listen_fd_ = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (listen_fd_ < 0) {
+      ::freeaddrinfo(found);
+      throw Error(std::string("hasten launch: socket: ") + std::strerror(errno));
+    }
     const int one = 1, zero = 0;
     ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    int rc;
-    if (v6) {
-      ::setsockopt(listen_fd_, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);  // IPv4 too
-      sockaddr_in6 a{};
-      a.sin6_family = AF_INET6;
-      a.sin6_addr = in6addr_any;
-      a.sin6_port = htons(static_cast<uint16_t>(s.agent_port));
-      rc = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    } else {
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_addr.s_addr = htonl(INADDR_ANY);
-      a.sin_port = htons(static_cast<uint16_t>(s.agent_port));
-      rc = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    }
+    if (found->ai_family == AF_INET6) ::setsockopt(listen_fd_, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);  // "::": IPv4 too
+    const int rc = ::bind(listen_fd_, found->ai_addr, found->ai_addrlen);
+    ::freeaddrinfo(found);
     if (rc != 0 || ::listen(listen_fd_, 64) != 0) {
       const std::string why = std::strerror(errno);
       ::close(listen_fd_);
-      throw Error("hasten launch: cannot listen on port " + std::to_string(s.agent_port) +
+      throw Error("hasten launch: cannot listen on " + detail::bracketed_host(bind_host_) + ":" +
+                  std::to_string(s.agent_port) +
                   " (main_process_port + 1, where machine 0's launcher coordinates restarts across machines): " + why);
     }
     thread_ = std::thread([this] { run(); });
+  }
+
+  // Where machine 0's own launcher reaches the coordinator.
+  std::string local_address() const {
+    if (bind_host_ == "0.0.0.0") return "127.0.0.1";
+    if (bind_host_ == "::") return "::1";
+    return bind_host_;
   }
 
   ~Coordinator() {
@@ -129,9 +151,22 @@ class Coordinator {
   struct Peer {
     int fd = -1;
     int machine = -1;  // after JOIN
+    std::string address;  // where it connected from
+    Clock::time_point join_by;  // a connection that has not joined by then is closed
     std::string buf;
     bool ended = false;
   };
+
+  // A JOIN must come this soon after connecting.
+  static constexpr std::chrono::seconds kJoinWithin{10};
+  // Connections beyond this many are closed at once (a launcher needs one).
+  size_t max_peers() const { return static_cast<size_t>(2 * s_.num_machines + 8); }
+
+  void refuse_line(const std::string& line) {
+    if (refusals_ < 20) std::cerr << "hasten launch: " << line << std::endl;
+    else if (refusals_ == 20) std::cerr << "hasten launch: more refused connections follow; not shown" << std::endl;
+    ++refusals_;
+  }
 
   void run() {
     const auto join_deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(s_.join_timeout_s * 1000));
@@ -140,15 +175,37 @@ class Coordinator {
       for (auto& p : peers_) fds.push_back({p.fd, POLLIN, 0});
       ::poll(fds.data(), fds.size(), 100);
       if (fds[0].revents & POLLIN) {
-        const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-        if (fd >= 0) {
+        sockaddr_storage from{};
+        socklen_t len = sizeof from;
+        const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC);
+        char host[NI_MAXHOST] = "?";
+        if (fd >= 0)
+          ::getnameinfo(reinterpret_cast<sockaddr*>(&from), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST);
+        if (fd < 0) {
+          // Out of descriptors (EMFILE): the connection stays queued and poll would report it
+          // again at once; a pause keeps this thread from spinning.
+          if (errno != EAGAIN && errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        } else if (peers_.size() >= max_peers()) {
+          refuse_line(std::string("refused a connection from ") + host + ": " + std::to_string(max_peers()) +
+                      " are open already");
+          ::close(fd);
+        } else {
           const int one = 1;
           ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
           Peer peer;
           peer.fd = fd;
+          peer.address = host;
+          peer.join_by = Clock::now() + kJoinWithin;
           peers_.push_back(std::move(peer));
         }
       }
+      for (auto& p : peers_)
+        if (p.fd >= 0 && p.machine < 0 && Clock::now() > p.join_by) {
+          refuse_line("closed a connection from " + p.address + ": it did not join within " +
+                      std::to_string(kJoinWithin.count()) + " s");
+          ::close(p.fd);
+          p.fd = -1;
+        }
       for (size_t i = 1; i < fds.size() && !over_; ++i) {
         if (fds[i].revents == 0) continue;
         Peer& p = peers_[i - 1];
@@ -187,11 +244,28 @@ class Coordinator {
 
   void handle(Peer& p, const std::string& line) {
     const auto f = split_fields(line, 1);
+    if (p.machine < 0 && f[0] != "JOIN") {
+      refuse_line("closed a connection from " + p.address + ": it did not start with JOIN (not a hasten launcher)");
+      ::close(p.fd);
+      p.fd = -1;
+      return;
+    }
     if (f[0] == "JOIN") {
-      const int m = to_int(f.size() > 1 ? f[1] : "");
+      const auto j = split_fields(line, 2);  // JOIN machine token
+      const int m = to_int(j.size() > 1 ? j[1] : "");
+      const std::string token = j.size() > 2 ? j[2] : "";
       std::string refusal;
-      if (m < 0 || m >= s_.num_machines)
-        refusal = "machine_rank " + (f.size() > 1 ? f[1] : std::string("?")) + " is out of range for num_machines " +
+      if (p.machine >= 0) return;  // joined already
+      if (!same_token(token, s_.token)) {
+        refuse_line("refused a launcher from " + p.address + ": " +
+                    (token.empty() ? "it presented no run token" : "it presented another run's token") + " (" +
+                    detail::kRunTokenVariable + ")");
+        refusal = std::string("machine 0's launcher refused this machine: ") +
+                  (token.empty() ? "it has a run token and this launcher presented none"
+                                 : "the run token presented is not this run's") +
+                  " (set the same " + detail::kRunTokenVariable + " on every machine)";
+      } else if (m < 0 || m >= s_.num_machines)
+        refusal = "machine_rank " + detail::printable(j.size() > 1 ? j[1] : std::string("?"), 20) + " is out of range for num_machines " +
                   std::to_string(s_.num_machines) + " (allowed: 0 to " + std::to_string(s_.num_machines - 1) + ")";
       else if (joined(m))
         refusal = "machine_rank " + std::to_string(m) + " is taken by another launcher (give every machine its own machine_rank)";
@@ -214,8 +288,10 @@ class Coordinator {
       const auto g = split_fields(line, 3);  // FAIL round rank what
       if (g.size() < 4 || to_int(g[1]) != round_ || failed_) return;
       failed_ = true;
-      failure_ = "machine " + std::to_string(p.machine) + ": " + g[3];
-      broadcast("STOP " + std::to_string(round_) + " " + std::to_string(p.machine) + " " + g[3]);
+      // What a worker said reaches every machine's terminal: no control characters.
+      const std::string what = detail::printable(g[3], 2000);
+      failure_ = "machine " + std::to_string(p.machine) + ": " + what;
+      broadcast("STOP " + std::to_string(round_) + " " + std::to_string(p.machine) + " " + what);
     } else if (f[0] == "END") {
       const auto g = split_fields(line, 3);  // END round code interrupted
       if (g.size() < 4 || to_int(g[1]) != round_ || p.ended) return;
@@ -286,6 +362,8 @@ class Coordinator {
   bool failed_ = false, interrupted_ = false, over_ = false;
   int fail_code_ = 0;
   std::string failure_;
+  std::string bind_host_;
+  int refusals_ = 0;
 };
 
 int connect_to(const std::string& host, int port, double timeout_s) {
@@ -352,8 +430,9 @@ struct MachineAgents::Impl {
 MachineAgents::MachineAgents(const Settings& s) : impl_(std::make_unique<Impl>()) {
   impl_->machine = s.machine_rank;
   if (s.machine_rank == 0) impl_->coordinator = std::make_unique<Coordinator>(s);
-  impl_->fd = connect_to(s.machine_rank == 0 ? std::string("127.0.0.1") : s.main_addr, s.agent_port, s.join_timeout_s);
-  if (!send_line(impl_->fd, "JOIN " + std::to_string(s.machine_rank)))
+  impl_->fd = connect_to(s.machine_rank == 0 ? impl_->coordinator->local_address() : s.main_addr, s.agent_port,
+                         s.join_timeout_s);
+  if (!send_line(impl_->fd, "JOIN " + std::to_string(s.machine_rank) + (s.token.empty() ? "" : " " + s.token)))
     throw Error("hasten launch: machine 0's launcher closed the connection while this machine joined");
 }
 
@@ -376,7 +455,8 @@ MachineAgents::Round MachineAgents::next_round() {
       }
       if (f[0] == "EXIT") {
         const auto g = split_fields(line, 2);
-        return Round{false, m.round, 0, to_int(g.size() > 1 ? g[1] : "1", 1), g.size() > 2 ? g[2] : ""};
+        return Round{false, m.round, 0, to_int(g.size() > 1 ? g[1] : "1", 1),
+                     detail::printable(g.size() > 2 ? g[2] : "", 2000)};
       }
       // A STOP of a round already over: nothing left to stop.
     }
@@ -396,13 +476,13 @@ bool MachineAgents::stop_requested() {
       // This machine's own failure: its supervisor is already stopping the workers.
       if (to_int(f[2]) != m.machine) {
         m.stop = true;
-        m.stop_reason = "machine " + f[2] + ": " + f[3];
+        m.stop_reason = "machine " + detail::printable(f[2], 20) + ": " + detail::printable(f[3], 2000);
       }
       it = m.lines.erase(it);
     } else if (f[0] == "EXIT") {  // kept for next_round, which reports it
       if (!m.stop) {
         m.stop = true;
-        m.stop_reason = split_fields(*it, 2).back();
+        m.stop_reason = detail::printable(split_fields(*it, 2).back(), 2000);
       }
       ++it;
     } else {

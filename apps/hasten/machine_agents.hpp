@@ -36,6 +36,8 @@ class MachineAgents {
     int master_port = 0;       // the workers' store port of the first round
     int max_restarts = 0;
     double join_timeout_s = 300;  // rendezvous_timeout_s: how long machines may take to join
+    std::string token;            // the run's secret; JOIN must carry it (empty: none)
+    std::string bind_override;    // HASTEN_BIND_ADDR: where machine 0's coordinator listens
   };
   // Machine 0 starts the coordinator; every machine connects and joins. Throws hasten::Error
   // (one line) when the coordinator's port cannot be bound or reached within join_timeout_s.

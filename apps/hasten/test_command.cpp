@@ -94,6 +94,7 @@ int run_test(const TestFlags& flags) {
   plan.world_size = plan.local_world_size = config.num_processes;
   plan.master_addr = "127.0.0.1";
   plan.master_port = detail::pick_free_port(/*loopback_only=*/true);
+  plan.run_token = detail::make_run_token();
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int threads = config.num_cpu_threads_per_process;
   if (threads == 0) threads = std::max(1, cores / std::max(1, plan.local_world_size));

@@ -109,6 +109,7 @@ bool reserved_env(const std::string& name) {
       "HASTEN_CONFIG_FILE", "HASTEN_CONFIG_JSON", "HASTEN_PLUGIN_PATH", "HASTEN_HOME",
       "HASTEN_LAUNCHED",    "HASTEN_RANK_PREFIXED", "HASTEN_PLUGIN_PROBE_TIMEOUT_S",
       "HASTEN_TRAINING_PROGRAM",  // set by the tracker host for its tracker (tracker_host.cpp)
+      "HASTEN_RUN_TOKEN", "HASTEN_BIND_ADDR",  // the run's secret and listen address (rendezvous.cpp)
       "HASTEN_TEST_",       "HASTEN_BENCH_"};
   for (auto& r : reserved)
     if (name == r || (r.back() == '_' && name.rfind(r, 0) == 0)) return true;

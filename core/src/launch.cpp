@@ -54,6 +54,8 @@ void launch(const std::function<void()>& fn, const LaunchOptions& options) {
   // Workers of one machine rendezvous on the loopback address.
   const int port = detail::pick_free_port(/*loopback_only=*/true);
   if (port == 0) throw Error("hasten::launch: cannot find a free port for the rendezvous");
+  // The run's secret: the workers' store refuses a client that does not present it.
+  const std::string token = detail::make_run_token();
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);
@@ -77,6 +79,7 @@ void launch(const std::function<void()>& fn, const LaunchOptions& options) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(128 + SIGKILL);
       for (auto& [k, v] : contract) ::setenv(k.c_str(), v.c_str(), 1);
+      ::setenv(detail::kRunTokenVariable, token.c_str(), 1);
       for (auto& [k, v] : options.env) ::setenv(k.c_str(), v.c_str(), 1);
       int code = 0;
       try {

@@ -3,10 +3,13 @@
 #include <hasten/error.hpp>
 #include <hasten/logging.hpp>
 
-#include <c10/util/Logging.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <hasten/detail/launch_contract.hpp>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -19,6 +22,9 @@
 #include <mutex>
 #include <thread>
 
+#include "c10d_store_wire.hpp"
+#include "store_client.hpp"
+#include "store_server.hpp"
 #include "text_util.hpp"
 
 namespace hasten::detail {
@@ -37,97 +43,23 @@ std::string seconds(int64_t ms) {
   return buf;
 }
 
-// The outcome of one store call, shared with the thread that makes it: a thread stuck in a
-// call that never returns keeps it alive after the caller has given up.
-struct Call {
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool done = false;
-  std::exception_ptr error;
-};
-
-// Runs op on a thread of its own and waits at most timeout_ms for it: false when it did not
-// finish in time (it is left running, blocked; a socket read cannot be cancelled from outside,
-// and the process ends with the error that follows). Rethrows what op threw.
-template <class Op>
-bool run_bounded(int64_t timeout_ms, Op op) {
-  auto call = std::make_shared<Call>();
-  std::thread([call, op = std::move(op)]() mutable {
-    std::exception_ptr error;
-    try {
-      op();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    std::lock_guard<std::mutex> lock(call->mutex);
-    call->error = error;
-    call->done = true;
-    call->cv.notify_all();
-  }).detach();
-  std::unique_lock<std::mutex> lock(call->mutex);
-  if (!call->cv.wait_for(lock, Ms(timeout_ms), [&] { return call->done; })) return false;
-  if (call->error) std::rethrow_exception(call->error);
-  return true;
-}
-
-// One connection to the run's store per process (rank 0: the store itself), shared by every
-// Accelerator the process makes: a second Accelerator, alive with the first or made after it,
-// must not bind the port again (it is taken) nor lose the store its peers still talk to.
-// Each Accelerator is one generation of keys under it (below), so their keys never meet.
-//
-// Every call has a deadline. c10d's client blocks in recv() without one for set, add and
-// check, so a store host that stopped without closing its sockets, or a port answered by
-// something that is not a store, would hold the rank forever. Each call therefore runs on a
-// thread of its own and the caller waits at most the deadline; a call that misses it is left
-// blocked (a socket read cannot be cancelled from outside) and the connection is broken from
-// then on: every later call fails at once, and the run ends with the error.
+// One connection to the run's store per process (rank 0: also the store's host), shared by
+// every Accelerator the process makes: a second Accelerator, alive with the first or made
+// after it, must not bind the port again (it is taken) nor lose the store its peers still
+// talk to. Each Accelerator is one generation of keys under it (below), so their keys never
+// meet. Every call on the wire has a deadline (store_wire.hpp).
 struct Connection {
-  c10::intrusive_ptr<c10d::TCPStore> store;
+  std::unique_ptr<StoreWire> wire;
   std::string where;
-  std::string prefix;  // torchrun's agent store is shared by restarts and by others
   int rank = 0, world = 1;
   bool hosts = false;  // rank 0 outside torchrun: the store lives in this process
   int64_t timeout_ms = 0;
   int64_t generations = 0;  // Accelerators this process made on this store
-  std::shared_ptr<std::mutex> serial = std::make_shared<std::mutex>();  // one socket, one request at a time
-  std::atomic<bool> broken{false};  // set by the caller that gave up; read by later callers
-  std::string broken_why;           // written before broken is set
 
-  // Runs op on its own thread and waits at most timeout_ms for it. Rethrows what op threw
-  // (c10d's errors: a closed connection, a missing key); throws hasten::Error on the deadline.
-  template <class Op>
-  void bounded(const std::string& what, int64_t timeout_ms, Op op) {
-    if (broken) throw Error("store: " + what + " refused: an earlier call to the store at " + where + " " + broken_why);
-    // The call may outlive its caller (a missed deadline): it holds what it uses.
-    const bool done = run_bounded(timeout_ms, [s = store, serial = serial, op = std::move(op)] {
-      std::lock_guard<std::mutex> one_at_a_time(*serial);
-      op(*s);
-    });
-    if (!done) {
-      broken_why = "got no answer within " + seconds(timeout_ms) + " s";
-      broken = true;
-      throw Error("store: " + what + " got no answer from the store at " + where + " within " + seconds(timeout_ms) +
-                  " s (its host stopped, or something that is not a hasten/torch store answers on that port)");
-    }
-  }
-  int64_t add(const std::string& key, int64_t delta, int64_t timeout) {
-    auto out = std::make_shared<int64_t>(0);
-    bounded("add to key '" + key + "'", timeout, [k = prefix + key, delta, out](c10d::TCPStore& s) { *out = s.add(k, delta); });
-    return *out;
-  }
-  bool check(const std::string& key, int64_t timeout) {
-    auto out = std::make_shared<bool>(false);
-    bounded("check of key '" + key + "'", timeout, [k = prefix + key, out](c10d::TCPStore& s) { *out = s.check({k}); });
-    return *out;
-  }
-  void set(const std::string& key, const std::vector<uint8_t>& value, int64_t timeout) {
-    bounded("set of key '" + key + "'", timeout, [k = prefix + key, value](c10d::TCPStore& s) { s.set(k, value); });
-  }
-  std::vector<uint8_t> get_now(const std::string& key, int64_t timeout) {
-    auto out = std::make_shared<std::vector<uint8_t>>();
-    bounded("get of key '" + key + "'", timeout, [k = prefix + key, out](c10d::TCPStore& s) { *out = s.get(k); });
-    return std::move(*out);
-  }
+  int64_t add(const std::string& key, int64_t delta, int64_t timeout) { return wire->add(key, delta, timeout); }
+  bool check(const std::string& key, int64_t timeout) { return wire->check(key, timeout); }
+  void set(const std::string& key, const std::vector<uint8_t>& value, int64_t timeout) { wire->set(key, value, timeout); }
+  std::vector<uint8_t> get_now(const std::string& key, int64_t timeout) { return wire->get(key, timeout); }
 };
 
 // A short deadline for calls made on the way out (a departure note, the exit wait): they must
@@ -184,30 +116,14 @@ class TcpStore final : public Store {
   void set(const std::string& k, const std::vector<uint8_t>& value) override { c_->set(keys_ + k, value, call_timeout_ms_); }
   std::vector<uint8_t> get(const std::string& k, int64_t timeout_ms) override {
     const int64_t wait_ms = timeout_ms > 0 ? timeout_ms : call_timeout_ms_;
-    auto value = std::make_shared<std::vector<uint8_t>>();
-    std::string failure;
-    const auto start = Clock::now();
     try {
-      // c10d's own wait ends first when the store answers; the margin is for one that does not.
-      c_->bounded("get of key '" + k + "'", wait_ms + 2000,
-                  [key = c_->prefix + keys_ + k, wait_ms, value](c10d::TCPStore& s) {
-                    s.wait({key}, Ms(wait_ms));
-                    *value = s.get(key);
-                  });
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-    if (failure.empty()) return std::move(*value);
-    // c10d says "timeout" and "connection closed" alike with an exception: its words, or
-    // else the time it took, tell them apart.
-    const auto took = std::chrono::duration_cast<Ms>(Clock::now() - start).count();
-    const bool timed_out = failure.find("imeout") != std::string::npos || failure.find("timed out") != std::string::npos;
-    if (!timed_out && took + 100 < wait_ms)
+      return c_->wire->wait_get(keys_ + k, wait_ms);
+    } catch (const StoreKeyTimeout&) {
+      throw Error("store: key '" + k + "' did not appear within " + seconds(wait_ms) + " s (a rank is missing or stuck)");
+    } catch (const StoreClosed& e) {
       throw Error("store: the store at " + c_->where + " closed the connection while waiting for key '" + k +
-                  "' (its host failed or exited): " + failure.substr(0, failure.find('\n')));
-    throw Error("store: key '" + k + "' did not appear within " + seconds(wait_ms) + " s (a rank is missing or stuck)");
+                  "' (its host failed or exited): " + std::string(e.what()));
+    }
   }
   int64_t add(const std::string& k, int64_t delta) override { return c_->add(keys_ + k, delta, call_timeout_ms_); }
   bool check(const std::string& k) { return c_->check(keys_ + k, call_timeout_ms_); }
@@ -241,68 +157,43 @@ std::map<std::string, std::shared_ptr<Connection>>& connections() {
 
 void release_at_exit() { release_stores_before_exit(); }
 
-// c10d's client logs a line for every failed attempt to connect ("[c10d] The client socket
-// has timed out after 1s while trying to connect to ..."), several a second: a rank that starts
-// before rank 0 printed dozens before hasten said in its own words what it waits for, and the
-// final error says why from c10d's exception. c10d's lines are enabled by c10's log level
-// (c10d::detail::isLogLevelEnabled), so it is raised to fatal-only while connecting.
-class QuietC10dWhileConnecting {
- public:
-  QuietC10dWhileConnecting() : saved_(FLAGS_caffe2_log_level) {
-    if (saved_ < kFatal) FLAGS_caffe2_log_level = kFatal;
-  }
-  ~QuietC10dWhileConnecting() { FLAGS_caffe2_log_level = saved_; }
-  QuietC10dWhileConnecting(const QuietC10dWhileConnecting&) = delete;
-  QuietC10dWhileConnecting& operator=(const QuietC10dWhileConnecting&) = delete;
-
- private:
-  static constexpr int kFatal = 3;  // c10's levels: 0 info, 1 warning, 2 error, 3 fatal
-  int saved_;
-};
-
-// Connects to (rank 0: hosts) the store, retrying in short rounds so that a rank waiting for
-// rank 0's store says so every kProgressEvery instead of staying silent until the deadline.
-c10::intrusive_ptr<c10d::TCPStore> open_store(const ProcessInfo& p, c10d::TCPStoreOptions opts, const std::string& where,
-                                              int64_t timeout_ms) {
-  const QuietC10dWhileConnecting quiet;
+// Connects to (rank 0: hosts, then connects to) the store, retrying until timeout_ms so that
+// a rank started before rank 0 listens waits for it, saying so every kProgressEvery.
+// `attempt(attempt_ms, left_ms)` makes one try: StoreUnreachable means try again.
+template <class Attempt>
+std::unique_ptr<StoreWire> open_store(const ProcessInfo& p, const std::string& where, int64_t timeout_ms, Attempt attempt) {
   const auto start = Clock::now();
   const auto deadline = start + Ms(timeout_ms);
   auto next_report = start + kProgressEvery - Ms(500);
-  // c10d's client (2.x) makes two tries of opts.timeout each with a randomised back-off of up
-  // to about opts.timeout between them, so one attempt takes up to ~3x opts.timeout: a rank
-  // that starts a moment before rank 0 listens would lose that much. The first attempts are
-  // therefore short (100 ms) and repeated here every 20 ms; from 1 s on, rounds of a third of
-  // kProgressEvery take over (a slow network then has at least a second per try), so that the
-  // progress line still comes every kProgressEvery.
+  // c10d's client (torchrun's store) makes two tries of its timeout each with a randomised
+  // back-off of up to about that timeout between them, so one attempt takes up to ~3x it: a
+  // rank that starts a moment before the store listens would lose that much. The first
+  // attempts are therefore short (100 ms) and repeated every 20 ms; from 1 s on, rounds of a
+  // third of kProgressEvery take over (a slow network then has at least a second per try), so
+  // that the progress line still comes every kProgressEvery.
   constexpr Ms kQuick{100};
   for (;;) {
-    const auto left = std::chrono::duration_cast<Ms>(deadline - Clock::now());
+    const auto left = std::max(std::chrono::duration_cast<Ms>(deadline - Clock::now()), Ms(1));
     const bool early = Clock::now() - start < Ms(1000);
-    opts.timeout = opts.isServer ? Ms(timeout_ms)
-                   : early       ? std::min(kQuick, std::max(left, Ms(1)))
-                                 : std::max(Ms(1000), std::min(kProgressEvery, left) / 3);
-    const auto attempt = Clock::now();
+    const Ms attempt_ms = early ? std::min(kQuick, left) : std::max(Ms(1000), std::min(kProgressEvery, left) / 3);
+    const auto tried = Clock::now();
     try {
-      auto made = std::make_shared<c10::intrusive_ptr<c10d::TCPStore>>();
-      // c10d's tries and back-off take up to ~3x opts.timeout; the margin is for a peer that
-      // accepts and then never answers.
-      if (!run_bounded(3 * opts.timeout.count() + 5000, [made, addr = p.master_addr, opts] {
-            *made = c10::make_intrusive<c10d::TCPStore>(addr, opts);
-          }))
-        throw Error("rendezvous: rank " + std::to_string(p.rank) + " got no answer from the store at " + where +
-                    " (something that is not a hasten/torch store answers on that port)");
-      (*made)->setTimeout(Ms(timeout_ms));
-      return *made;
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
+      return attempt(attempt_ms.count(), left.count());
+    } catch (const StoreNoAnswer&) {
+      throw Error("rendezvous: rank " + std::to_string(p.rank) + " got no answer from the store at " + where +
+                  " (something that is not a hasten/torch store answers on that port)");
+    } catch (const StoreRefused& e) {
+      throw Error("rendezvous: rank " + std::to_string(p.rank) + ": " + e.what() +
+                  " (is another run using this MASTER_PORT?)");
+    } catch (const StoreClosed&) {
+      throw Error("rendezvous: rank " + std::to_string(p.rank) + ": the store at " + where +
+                  " closed the connection at the hello (something that is not a hasten store answers on that port)");
+    } catch (const StoreUnreachable& e) {
       std::string why = e.what();
-      why = why.substr(0, why.find('\n'));
-      if (opts.isServer) throw Error("rendezvous: rank 0 cannot host the store at " + where + ": " + why);
       const auto waited = std::chrono::duration_cast<Ms>(Clock::now() - start).count();
-      // The progress line comes before the deadline check: one of c10d's attempts can take
-      // up to ~3x its timeout, so the attempt that spans the report time may also be the
-      // last one, and a wait that was due to be reported must still be said.
+      // The progress line comes before the deadline check: one attempt can take up to ~3x
+      // its timeout, so the attempt that spans the report time may also be the last one, and
+      // a wait that was due to be reported must still be said.
       if (Clock::now() >= next_report) {
         get_logger("hasten", false)->info("rendezvous: rank {} waiting for rank 0's store at {} ({} s of {})", p.rank,
                                           where, waited / 1000, timeout_ms / 1000);
@@ -314,7 +205,7 @@ c10::intrusive_ptr<c10d::TCPStore> open_store(const ProcessInfo& p, c10d::TCPSto
       // An attempt that failed at once (nothing listens yet) is not repeated in a busy loop.
       if (early)
         std::this_thread::sleep_for(Ms(20));
-      else if (Clock::now() - attempt < Ms(1000))
+      else if (Clock::now() - tried < Ms(1000))
         std::this_thread::sleep_for(Ms(200));
     }
   }
@@ -344,21 +235,47 @@ std::unique_ptr<Store> rendezvous(const ProcessInfo& p, int64_t timeout_ms) {
     std::lock_guard<std::mutex> lock(connections_mutex());
     auto& mine = connections()[where + " " + prefix];
     if (!mine) {
-      c10d::TCPStoreOptions opts;
-      opts.port = static_cast<uint16_t>(p.master_port);
-      opts.isServer = p.rank == 0 && !agent_store;
-      opts.numWorkers = static_cast<size_t>(p.world_size);
-      opts.waitWorkers = false;  // hasten's own wait below names the ranks that are missing
-      // The libuv server, LibTorch's default since 2.4 and what torchrun's stores run: named
-      // so that a change of default cannot change under the store-fault tests, which run on it.
-      opts.useLibUV = true;
       auto c = std::make_shared<Connection>();
-      c->store = open_store(p, opts, where, timeout_ms);
+      if (agent_store) {
+        c->wire = open_store(p, where, timeout_ms, [&](int64_t attempt_ms, int64_t) {
+          return connect_c10d_store(p.master_addr, p.master_port, prefix, attempt_ms, timeout_ms);
+        });
+      } else {
+        // hasten's own store, authenticated by the run's token (HASTEN_RUN_TOKEN, made by the
+        // launcher; without one the store is open to whoever reaches it, as c10d's is).
+        const auto token_it = env.find(kRunTokenVariable);
+        const std::string token = token_it == env.end() ? "" : token_it->second;
+        check_run_token(token);
+        std::string connect_host = p.master_addr;
+        if (p.rank == 0) {
+          // Loopback for a run on one machine; the address the others reach otherwise.
+          const auto bind = env.find("HASTEN_BIND_ADDR");
+          std::string note;
+          const std::string bind_host =
+              listen_address(p.master_addr, p.num_nodes > 1 || p.local_world_size < p.world_size,
+                             bind == env.end() ? "" : bind->second, &note);
+          if (!note.empty()) get_logger()->info("rendezvous: {}", note);
+          StoreServerOptions server;
+          server.bind_host = bind_host;
+          server.port = p.master_port;
+          server.token = token;
+          server.max_clients = 2 * p.world_size + 16;
+          start_store_server(server);
+          if (token.empty() && !is_loopback_address(bind_host))
+            get_logger()->warn("rendezvous: the store at {}:{} has no run token ({} is not set): anyone who reaches "
+                               "that address can read and write the run's keys, as with PyTorch's TCPStore; see "
+                               "docs/launch.md, \"Network and trust\"",
+                               bracketed_host(bind_host), p.master_port, kRunTokenVariable);
+          if (bind_host != "0.0.0.0" && bind_host != "::") connect_host = bind_host;
+        }
+        c->wire = open_store(p, where, timeout_ms, [&](int64_t attempt_ms, int64_t left_ms) {
+          return connect_store(connect_host, p.master_port, token, attempt_ms, left_ms);
+        });
+      }
       c->where = where;
-      c->prefix = prefix;
       c->rank = p.rank;
       c->world = p.world_size;
-      c->hosts = opts.isServer;
+      c->hosts = p.rank == 0 && !agent_store;
       c->timeout_ms = timeout_ms;
       const std::string tag = process_tag();
       c->set("hasten/proc/" + std::to_string(p.rank), std::vector<uint8_t>(tag.begin(), tag.end()), timeout_ms);

@@ -1,6 +1,7 @@
-// Rendezvous of the ranks of a run through a key-value store hosted by rank 0 (c10d's
-// TCPStore). A rank that never arrives is named in the error instead of leaving the others
-// waiting forever.
+// Rendezvous of the ranks of a run through a key-value store hosted by rank 0 (hasten's own,
+// store_server.cpp, which refuses clients without the run's token; under torchrun, the
+// agent's c10d TCPStore). A rank that never arrives is named in the error instead of leaving
+// the others waiting forever.
 #pragma once
 
 #include <hasten/process.hpp>

@@ -25,6 +25,37 @@ struct WorkerPlace {
 // LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT.
 std::vector<std::pair<std::string, std::string>> torchrun_env(const WorkerPlace& place);
 
+// The run's secret (HASTEN_RUN_TOKEN): 32 hex digits from the kernel's random source, made
+// by the launcher and handed to its workers in their environment (readable by the same user
+// only). The store and the machine agents refuse a client that does not present it.
+// Throws hasten::Error when no random bytes can be read.
+std::string make_run_token();
+inline constexpr const char* kRunTokenVariable = "HASTEN_RUN_TOKEN";
+// Throws hasten::ConfigError with one line unless token is empty or 16 to 256 printable,
+// non-space ASCII characters.
+void check_run_token(const std::string& token);
+
+// text with every control character (terminal escapes included) and every byte outside
+// printable ASCII shown as '?', cut to max_chars: what a launcher prints of anything a
+// network peer or a worker sent it.
+std::string printable(const std::string& text, size_t max_chars = 200);
+
+// The numeric address a run's listener (rank 0's store, machine 0's launcher agent) binds:
+// bind_override (HASTEN_BIND_ADDR) where non-empty, "0.0.0.0" or "::" meaning every interface;
+// otherwise the address master_addr resolves to here, so that a run on one machine (hasten's
+// launchers give it 127.0.0.1) listens on loopback only and a run across machines on the
+// address the others reach. One case is widened: a name (not a numeric address, not
+// "localhost") that resolves to loopback here on a run that spans machines (Debian's
+// /etc/hosts maps a machine's own name to 127.0.1.1, while the other machines resolve it to
+// its network address): every interface then, and *note says so in one line.
+// Throws hasten::Error when a name does not resolve.
+std::string listen_address(const std::string& master_addr, bool spans_machines, const std::string& bind_override,
+                           std::string* note);
+// Whether a numeric address is a loopback address (127.0.0.0/8, ::1).
+bool is_loopback_address(const std::string& numeric);
+// A numeric address as host[:port] spelling wants it: IPv6 in brackets.
+std::string bracketed_host(const std::string& numeric);
+
 // A TCP port that nothing listens on now (bound and released), on the loopback address or on
 // all interfaces; 0 when none can be bound.
 int pick_free_port(bool loopback_only);
