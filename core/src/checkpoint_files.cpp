@@ -4,7 +4,10 @@
 #include <hasten/error.hpp>
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2
 #include <unistd.h>
+
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -13,6 +16,7 @@
 #include <sstream>
 
 #include "checksum.hpp"
+#include "test_hooks.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -40,13 +44,20 @@ std::string crc_text(uint32_t crc) {
 }
 
 constexpr const char* kManifest = "manifest.json";
+// Written first into every temporary directory a save makes: a later save removes a leftover
+// temporary directory only when it carries it (never what someone else put at that name).
+constexpr const char* kSavingMark = ".hasten-saving";
+
+std::string parent_or_dot(const fs::path& p) { return p.parent_path().empty() ? std::string(".") : p.parent_path().string(); }
 
 }  // namespace
 
 FileRecord write_file(const fs::path& dir, const std::string& name, const std::function<void(const ByteSink&)>& produce,
                       uint64_t chunk_size) {
   const fs::path path = dir / name;
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // The directory is the save's own, made anew: a file that exists already (or a link put in
+  // its place) is not overwritten or followed.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) io_error("create", path);
   FileRecord rec{name, 0, 0, chunk_size, {}};
   try {
@@ -104,6 +115,89 @@ void write_rank_files(const fs::path& tmp, int rank, const std::vector<FileRecor
   write_file(tmp, ".files." + std::to_string(rank) + ".json", list.dump());
 }
 
+fs::path saving_dir(const fs::path& final_dir) {
+  return fs::path(parent_or_dot(final_dir)) / ("." + final_dir.filename().string() + ".saving");
+}
+
+fs::path set_aside_dir(const fs::path& final_dir) {
+  return fs::path(parent_or_dot(final_dir)) / ("." + final_dir.filename().string() + ".replaced");
+}
+
+bool is_hasten_checkpoint(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::is_symlink(dir, ec) || !fs::is_directory(dir, ec)) return false;
+  const fs::path manifest = dir / kManifest;
+  if (fs::is_symlink(manifest, ec) || !fs::is_regular_file(manifest, ec)) return false;
+  if (fs::file_size(manifest, ec) > (uint64_t{64} << 20)) return false;
+  try {
+    const json m = json::parse(read_file(manifest), nullptr, false);
+    return m.is_object() && m.contains("format") && m["format"] == "hasten-checkpoint";
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+std::string recover_checkpoint(const fs::path& final_dir) {
+  std::error_code ec;
+  const fs::path aside = set_aside_dir(final_dir);
+  if (fs::exists(fs::symlink_status(final_dir, ec)) || !is_hasten_checkpoint(aside) || !verify_checkpoint(aside).empty())
+    return "";
+  fs::rename(aside, final_dir, ec);
+  if (ec) return "";
+  return "put back '" + final_dir.string() + "', which a save killed while replacing it had set aside as '" +
+         aside.string() + "'";
+}
+
+fs::path prepare_save(const fs::path& final_dir) {
+  std::error_code ec;
+  const std::string name = final_dir.filename().string();
+  if (name.empty() || name == "." || name == "..")
+    throw Error("save_state: '" + final_dir.string() + "' does not name a directory to create");
+  fs::create_directories(parent_or_dot(final_dir), ec);
+  if (ec) throw Error("save_state: cannot create '" + parent_or_dot(final_dir) + "': " + ec.message());
+  recover_checkpoint(final_dir);
+  const auto target = fs::symlink_status(final_dir, ec);
+  if (fs::exists(target) && !is_hasten_checkpoint(final_dir))
+    throw Error("save_state: '" + final_dir.string() + "' exists and is not a hasten checkpoint (" +
+                (fs::is_symlink(target) ? "a symbolic link"
+                 : fs::is_directory(target) ? "no manifest.json of hasten's checkpoint format"
+                                            : "not a directory") +
+                "); it is left alone: choose another directory (a checkpoint directory is replaced as a whole)");
+  // What an earlier save of this directory left: only what hasten made is removed.
+  const fs::path tmp = saving_dir(final_dir), aside = set_aside_dir(final_dir);
+  if (fs::exists(fs::symlink_status(tmp, ec))) {
+    if (fs::is_symlink(fs::symlink_status(tmp, ec)) || (!fs::exists(tmp / kSavingMark, ec) && !is_hasten_checkpoint(tmp)))
+      throw Error("save_state: '" + tmp.string() + "' exists and was not made by hasten's save_state (" + kSavingMark +
+                  " is missing); it is left alone: remove it or choose another directory");
+    fs::remove_all(tmp, ec);
+    if (ec) throw Error("save_state: cannot remove the unfinished save '" + tmp.string() + "': " + ec.message());
+  }
+  if (fs::exists(fs::symlink_status(aside, ec))) {
+    if (!is_hasten_checkpoint(aside))
+      throw Error("save_state: '" + aside.string() + "' exists and is not a hasten checkpoint; it is left alone: "
+                  "remove it or choose another directory");
+    fs::remove_all(aside, ec);
+    if (ec) throw Error("save_state: cannot remove the replaced checkpoint '" + aside.string() + "': " + ec.message());
+  }
+  // mkdir, not create_directories: a directory that appeared meanwhile is not taken over.
+  if (::mkdir(tmp.c_str(), 0755) != 0) io_error("create the directory", tmp);
+  write_file(tmp, kSavingMark, std::string("hasten save_state\n"));
+  return tmp;
+}
+
+namespace {
+
+// Swaps two directory entries atomically; false (errno set) where the file system cannot.
+bool exchange(const fs::path& a, const fs::path& b) {
+  if (test_forbids("RENAME_EXCHANGE")) {
+    errno = EINVAL;
+    return false;
+  }
+  return ::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0;
+}
+
+}  // namespace
+
 void finalize_checkpoint(const fs::path& tmp, const fs::path& final_dir, int world_size, json meta) {
   json files = json::object();
   for (int r = 0; r < world_size; ++r) {
@@ -125,12 +219,48 @@ void finalize_checkpoint(const fs::path& tmp, const fs::path& final_dir, int wor
   meta["world_size"] = world_size;
   meta["files"] = files;
   meta["complete"] = true;
+  test_point("save-files-written", 0);
   write_file(tmp, kManifest, meta.dump(1));
+  {
+    std::error_code ec;
+    fs::remove(tmp / kSavingMark, ec);  // complete: a checkpoint now, not an unfinished save
+  }
   fsync_path(tmp, true);
+  test_point("save-manifest-written", 0);
+  const std::string parent = parent_or_dot(final_dir);
   std::error_code ec;
-  fs::rename(tmp, final_dir, ec);
-  if (ec) throw Error("checkpoint: cannot rename '" + tmp.string() + "' to '" + final_dir.string() + "': " + ec.message());
-  fsync_path(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path(), true);
+  if (!fs::exists(fs::symlink_status(final_dir, ec))) {
+    // RENAME_NOREPLACE: something that appeared at final_dir meanwhile is not replaced.
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_NOREPLACE) != 0 &&
+        (errno != EINVAL || ::rename(tmp.c_str(), final_dir.c_str()) != 0))
+      io_error("rename '" + tmp.string() + "' to", final_dir);
+    fsync_path(parent, true);
+    return;
+  }
+  if (exchange(tmp, final_dir)) {
+    // final_dir is the new checkpoint; tmp holds the old one.
+    fsync_path(parent, true);
+    test_point("save-swapped", 0);
+    fs::remove_all(tmp, ec);
+    return;
+  }
+  // No atomic swap here (an older kernel, a file system without it): set the old one aside,
+  // rename, remove the old one; put it back on a failure.
+  const fs::path aside = set_aside_dir(final_dir);
+  fs::rename(final_dir, aside, ec);
+  if (ec) throw Error("checkpoint: cannot set '" + final_dir.string() + "' aside: " + ec.message());
+  try {
+    test_point("save-set-aside", 0);
+    fs::rename(tmp, final_dir, ec);
+    if (ec) throw Error("checkpoint: cannot rename '" + tmp.string() + "' to '" + final_dir.string() + "': " + ec.message());
+    fsync_path(parent, true);
+  } catch (...) {
+    std::error_code back;
+    fs::rename(aside, final_dir, back);
+    throw;
+  }
+  test_point("save-swapped", 0);
+  fs::remove_all(aside, ec);
 }
 
 json read_manifest(const fs::path& dir) {

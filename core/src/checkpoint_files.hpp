@@ -43,10 +43,34 @@ std::string read_file(const std::filesystem::path& path);
 // Each rank's list of the files it wrote, left in the temporary directory for rank 0.
 void write_rank_files(const std::filesystem::path& tmp, int rank, const std::vector<FileRecord>& files);
 
+// The temporary directory a save of final_dir writes into (".NAME.saving" beside it) and the
+// one a replaced checkpoint is set aside in where the file system cannot swap directories
+// atomically (".NAME.replaced").
+std::filesystem::path saving_dir(const std::filesystem::path& final_dir);
+std::filesystem::path set_aside_dir(const std::filesystem::path& final_dir);
+
+// Rank 0, before a save: checks that final_dir may be written (absent, or a hasten checkpoint:
+// anything else is left alone and refused with one line), puts back a checkpoint that a save
+// killed mid-replace left set aside, removes what an earlier save of it left behind (only
+// what hasten made: marked temporary directories, set-aside checkpoints) and creates the
+// temporary directory anew (mkdir: it must not exist). Returns it. Throws Error with one line.
+std::filesystem::path prepare_save(const std::filesystem::path& final_dir);
+
 // Rank 0, after every rank has written its files: merges the ranks' lists and `meta` into
-// manifest.json (complete: true), flushes it and renames tmp to final (which must not exist).
+// manifest.json (complete: true), flushes it, and puts tmp in final_dir's place: a rename
+// where there is none; where there is one, an atomic swap (renameat2 RENAME_EXCHANGE) and the
+// old one removed after. Where the file system cannot swap, the old one is set aside, tmp
+// renamed, the old one removed; a failure puts it back, and a kill in between leaves it set
+// aside for recover_checkpoint. At every moment one complete checkpoint is readable.
 void finalize_checkpoint(const std::filesystem::path& tmp, const std::filesystem::path& final_dir, int world_size,
                          nlohmann::json meta);
+
+// Puts back a complete checkpoint that a save killed mid-replace left set aside, where
+// final_dir is missing. Returns what it did ("" when nothing); never throws.
+std::string recover_checkpoint(const std::filesystem::path& final_dir);
+
+// Whether dir holds a manifest.json of hasten's checkpoint format (complete or not).
+bool is_hasten_checkpoint(const std::filesystem::path& dir);
 
 // "" when dir holds a complete checkpoint whose files all have the manifest's sizes; else
 // one line naming the file and what is wrong. The checksums are verified as the files are

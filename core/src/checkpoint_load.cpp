@@ -551,6 +551,8 @@ std::string Engine::load_state(const std::string& requested) try {
   if (rank == 0) {
     json list = json::array();
     if (!requested.empty()) {
+      if (const std::string recovered = recover_checkpoint(requested); !recovered.empty())
+        get_logger()->warn("load_state: {}", recovered);
       list.push_back({requested, verify_checkpoint(requested)});
     } else {
       auto all = numbered_checkpoints(checkpoints_dir(s.config.project_dir));

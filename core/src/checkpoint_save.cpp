@@ -12,8 +12,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <csignal>
-#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 
@@ -24,6 +22,7 @@
 #include "checkpoint_layout.hpp"
 #include "optimizer_state.hpp"
 #include "engine_state.hpp"
+#include "test_hooks.hpp"
 
 namespace hasten::detail {
 
@@ -74,20 +73,11 @@ std::string Engine::save_state(const std::string& requested) {
                                               ("checkpoint_" + std::to_string(s.save_iteration))
                                         : fs::path(requested);
       std::error_code ec;
-      if (automatic && fs::exists(target, ec))
+      if (automatic && fs::exists(fs::symlink_status(target, ec)))
         throw Error("save_state: '" + target.string() +
                     "' already exists (a run that continues calls load_state() first; new checkpoints are then "
                     "numbered after the newest one)");
-      if (!automatic && fs::exists(target, ec) && !fs::exists(target / "manifest.json", ec))
-        throw Error("save_state: '" + target.string() +
-                    "' exists and is not a hasten checkpoint (no manifest.json); it is left alone: choose another "
-                    "directory (a checkpoint directory is replaced as a whole)");
-      if (target.filename().empty() || target.filename() == "." || target.filename() == "..")
-        throw Error("save_state: '" + target.string() + "' does not name a directory to create");
-      const fs::path tmp = target.parent_path() / ("." + target.filename().string() + ".saving");
-      fs::create_directories(target.parent_path().empty() ? fs::path(".") : target.parent_path());
-      fs::remove_all(tmp);  // a save that died before
-      fs::create_directories(tmp);
+      prepare_save(target);  // refuses what is not a hasten checkpoint; makes the temporary directory
       decided = "ok:" + target.string();
     } catch (const std::exception& e) {
       decided = std::string("error:") + e.what();
@@ -96,7 +86,7 @@ std::string Engine::save_state(const std::string& requested) {
   decided = broadcast(decided, 0);
   if (decided.rfind("error:", 0) == 0) throw Error(decided.substr(6));
   const fs::path target = decided.substr(3);
-  const fs::path tmp = target.parent_path() / ("." + target.filename().string() + ".saving");
+  const fs::path tmp = saving_dir(target);
 
   // What: every rank writes its files. Gathering full models is collective, so every rank runs
   // every gather even after one of its writes failed.
@@ -119,15 +109,7 @@ std::string Engine::save_state(const std::string& requested) {
             kChunkSize));  // chunk checksums: a sharding strategy's ranks read only their slices
       });
   }
-  // Tests only: HASTEN_TEST_CRASH_IN_SAVE=N kills rank HASTEN_TEST_CRASH_RANK (default 0) with
-  // SIGKILL in the middle of its N-th save, after its model files are written.
-  {
-    static int saves = 0;
-    ++saves;
-    const char* n = std::getenv("HASTEN_TEST_CRASH_IN_SAVE");
-    const char* r = std::getenv("HASTEN_TEST_CRASH_RANK");
-    if (n != nullptr && std::atoi(n) == saves && rank == (r != nullptr ? std::atoi(r) : 0)) ::raise(SIGKILL);
-  }
+  test_point("save-model-written", rank);  // test builds: a kill in the middle of a save
   const bool per_rank = s.strategy->has_load_state_dict();  // it shards: so does optimizer state
   // In the middle of an accumulation window the gradients accumulated so far are part of the
   // state: each rank's own, not yet synchronised ones, as its parameters' .grad show them
@@ -248,15 +230,8 @@ std::string Engine::save_state(const std::string& requested) {
   std::string finished;
   if (main) {
     try {
-      std::error_code ec;
-      const fs::path old = target.string() + ".replaced";
-      if (!automatic && fs::exists(target, ec)) {  // an explicit directory saved again
-        fs::remove_all(old, ec);
-        fs::rename(target, old);
-      }
       json meta = {{"checkpoint", automatic ? json(s.save_iteration) : json(nullptr)}, {"strategy", s.strategy->name()}};
-      finalize_checkpoint(tmp, target, world, meta);
-      fs::remove_all(old, ec);
+      finalize_checkpoint(tmp, target, world, meta);  // replaces an explicit directory saved again
       if (automatic && s.config.total_limit > 0)
         for (auto& why : prune_checkpoints(checkpoints_dir(s.config.project_dir), s.config.total_limit))
           get_logger()->warn("save_state: could not remove an old checkpoint: {}", why);

@@ -108,7 +108,7 @@ with tempfile.TemporaryDirectory() as d:
     # 2. Killed while saving (rank 0, third save = step 30): the previous checkpoint survives.
     project = os.path.join(d, "crash")
     p = launch(h.example()[0], *BASE, "--project_dir", project, "--checkpoint_every", "10",
-               env={"HASTEN_TEST_CRASH_IN_SAVE": "3"}, check=False)
+               env={"HASTEN_TEST_CRASH_AT": "save-model-written:3"}, check=False)
     if p.returncode == 0:
         h.fail("a run whose rank 0 was killed during a save exited 0")
     names = sorted(os.listdir(os.path.join(project, "checkpoints")))

@@ -7,10 +7,14 @@
 //   --short-rank R               rank R trains half the steps, then reduces a 3-element tensor
 //                                while the others are still in gradient allreduces (ranks
 //                                entering different collectives)
+//   --load DIR                   load_state(DIR) after prepare
+//   --save DIR                   save_state(DIR) after the steps
 //   --tag X                      ignored: marks the command line so tests can find leftovers
+// Prints "params <fingerprint>" at the end: a weighted sum of every parameter (%.17g).
 #include <hasten/hasten.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -19,6 +23,7 @@
 int main(int argc, char** argv) {
   int steps = 10, fail_rank = -1, fail_step = -1, exit_code = 3, hang_rank = -1, hang_step = -1, late_rank = -1, short_rank = -1;
   double late_s = 0;
+  std::string load_dir, save_dir;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const std::string v = argv[i + 1];
@@ -31,6 +36,8 @@ int main(int argc, char** argv) {
     else if (k == "--late-rank") late_rank = std::stoi(v);
     else if (k == "--late-s") late_s = std::stod(v);
     else if (k == "--short-rank") short_rank = std::stoi(v);
+    else if (k == "--load") load_dir = v;
+    else if (k == "--save") save_dir = v;
     else if (k == "--tag") {
     } else {
       std::cerr << "hasten-test-worker: error: unknown flag " << k << std::endl;
@@ -45,6 +52,7 @@ int main(int argc, char** argv) {
     auto model = std::make_shared<torch::nn::LinearImpl>(16, 4);
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
     auto [net, opt] = acc.prepare(model, sgd);
+    if (!load_dir.empty()) acc.load_state(load_dir);
     for (int step = 0; step < (rank == short_rank ? steps / 2 : steps); ++step) {
       if (rank == fail_rank && step == fail_step) {
         std::cout << "rank " << rank << " exits with " << exit_code << " at step " << step << std::endl;
@@ -64,6 +72,16 @@ int main(int argc, char** argv) {
       std::cout << "rank " << rank << " stopped early at step " << steps / 2 << std::endl;
       acc.reduce(torch::ones({3}), "sum");
     }
+    if (!save_dir.empty()) acc.save_state(save_dir);
+    double fingerprint = 0;
+    double weight = 1;
+    for (auto& p : model->parameters()) {
+      auto flat = p.detach().to(torch::kDouble).flatten();
+      for (int64_t i = 0; i < flat.numel(); ++i) fingerprint += (weight += 1) * flat[i].item<double>();
+    }
+    char line[64];
+    std::snprintf(line, sizeof line, "%.17g", fingerprint);
+    acc.print("params ", line);
     acc.print("done ", steps, " steps");
     return 0;
   } catch (const std::exception& e) {

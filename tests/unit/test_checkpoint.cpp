@@ -301,14 +301,39 @@ TEST(Checkpoint, AnExplicitDirectoryIsReplacedAtomicallyAndMismatchesAreNamed) {
   run.step();
   run.acc->save_state(target.string());  // again: the new one replaces the old
   EXPECT_TRUE(fs::exists(target / "manifest.json"));
-  EXPECT_FALSE(fs::exists(dir.path() / "mine.replaced"));
+  EXPECT_FALSE(fs::exists(dir.path() / ".mine.replaced"));
+  EXPECT_FALSE(fs::exists(dir.path() / ".mine.saving"));
   // Anything at the target that is not a checkpoint is left alone.
   fs::create_directories(dir.path() / "notes");
   std::ofstream(dir.path() / "notes" / "todo.txt") << "mine\n";
   std::string refused = error_of([&] { run.acc->save_state((dir.path() / "notes").string()); });
-  EXPECT_NE(refused.find("exists and is not a hasten checkpoint (no manifest.json); it is left alone"), std::string::npos)
+  EXPECT_NE(refused.find("exists and is not a hasten checkpoint (no manifest.json of hasten's checkpoint format); it "
+                         "is left alone"),
+            std::string::npos)
       << refused;
   EXPECT_TRUE(fs::exists(dir.path() / "notes" / "todo.txt"));
+  // A web project's manifest.json does not make a directory a checkpoint.
+  fs::create_directories(dir.path() / "site");
+  std::ofstream(dir.path() / "site" / "manifest.json") << R"({"name": "my app", "files": {}})";
+  refused = error_of([&] { run.acc->save_state((dir.path() / "site").string()); });
+  EXPECT_NE(refused.find("site' exists and is not a hasten checkpoint"), std::string::npos) << refused;
+  {
+    std::ifstream in(dir.path() / "site" / "manifest.json");
+    const std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(kept, R"({"name": "my app", "files": {}})");
+  }
+  // Neither a leftover temporary directory nor a set-aside one that hasten did not make is removed.
+  fs::create_directories(dir.path() / ".other.saving");
+  std::ofstream(dir.path() / ".other.saving" / "keep.txt") << "x";
+  refused = error_of([&] { run.acc->save_state((dir.path() / "other").string()); });
+  EXPECT_NE(refused.find(".other.saving' exists and was not made by hasten's save_state"), std::string::npos) << refused;
+  EXPECT_TRUE(fs::exists(dir.path() / ".other.saving" / "keep.txt"));
+  fs::create_directories(dir.path() / ".third.replaced");
+  std::ofstream(dir.path() / ".third.replaced" / "keep.txt") << "x";
+  refused = error_of([&] { run.acc->save_state((dir.path() / "third").string()); });
+  EXPECT_NE(refused.find(".third.replaced' exists and is not a hasten checkpoint"), std::string::npos) << refused;
+  EXPECT_TRUE(fs::exists(dir.path() / ".third.replaced" / "keep.txt"));
+  EXPECT_FALSE(fs::exists(dir.path() / "third"));
   refused = error_of([&] { run.acc->save_state(dir.path().string()); });
   EXPECT_NE(refused.find("is not a hasten checkpoint"), std::string::npos) << refused;
   // A relative name of one component (save_state("ckpt")) is a directory in the working one.
