@@ -89,6 +89,41 @@ FileRecord write_file(const fs::path& dir, const std::string& name, const std::f
   return rec;
 }
 
+void replace_file(const fs::path& path, const std::function<void(const ByteSink&)>& produce) {
+  const fs::path tmp = path.string() + ".tmp";
+  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) io_error("remove the stale", tmp);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) io_error("create", tmp);
+  try {
+    produce([&](const void* data, size_t size) {
+      const auto* p = static_cast<const char*>(data);
+      while (size > 0) {
+        const ssize_t n = ::write(fd, p, size);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) io_error("write", tmp);
+        p += n;
+        size -= static_cast<size_t>(n);
+      }
+    });
+    if (::fsync(fd) != 0) io_error("flush", tmp);
+    if (::close(fd) != 0) {
+      ::unlink(tmp.c_str());
+      io_error("close", tmp);
+    }
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    errno = e;
+    io_error("rename '" + tmp.string() + "' to", path);
+  }
+  fsync_path(parent_or_dot(path), true);
+}
+
 FileRecord write_file(const fs::path& dir, const std::string& name, const std::string& bytes) {
   return write_file(dir, name, [&](const ByteSink& sink) { sink(bytes.data(), bytes.size()); });
 }
@@ -273,7 +308,37 @@ json read_manifest(const fs::path& dir) {
   json m = json::parse(read_file(path), nullptr, false);
   if (!m.is_object() || m.value("format", "") != "hasten-checkpoint" || !m.contains("files") || !m["files"].is_object())
     throw Error("checkpoint '" + dir.string() + "': manifest.json is malformed");
-  if (!m.value("complete", false)) throw Error("checkpoint '" + dir.string() + "': manifest.json does not mark it complete");
+  if (!m.contains("complete") || m["complete"] != true)
+    throw Error("checkpoint '" + dir.string() + "': manifest.json does not mark it complete");
+  // Every size a reader will trust is checked here, once: the files' sizes (compared with the
+  // files themselves later), their checksums, and the chunk layout of ranged files.
+  auto malformed = [&](const std::string& name, const std::string& why) {
+    return Error("checkpoint '" + dir.string() + "': manifest.json is malformed: file '" + name + "' " + why);
+  };
+  for (auto it = m["files"].begin(); it != m["files"].end(); ++it) {
+    const std::string& name = it.key();
+    const json& f = it.value();
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+      throw malformed(name, "is not a plain file name");
+    if (!f.is_object() || !f.contains("size") || !f["size"].is_number_unsigned() || !f.contains("crc32c") ||
+        !f["crc32c"].is_string() || f["crc32c"].get<std::string>().size() != 8)
+      throw malformed(name, "needs an unsigned size and an 8-digit crc32c");
+    if (f["size"].get<uint64_t>() > kMaxFileSize) throw malformed(name, "claims more than 2^50 bytes");
+    if (f.contains("chunk_size") || f.contains("chunks")) {
+      if (!f.contains("chunk_size") || !f["chunk_size"].is_number_unsigned() || !f.contains("chunks") ||
+          !f["chunks"].is_array())
+        throw malformed(name, "needs both an unsigned chunk_size and a chunks array");
+      const uint64_t chunk = f["chunk_size"].get<uint64_t>(), size = f["size"].get<uint64_t>();
+      if (chunk == 0 || chunk > kMaxChunkSize)
+        throw malformed(name, "has chunk_size " + std::to_string(chunk) + " (allowed: 1 to " + std::to_string(kMaxChunkSize) + ")");
+      const uint64_t count = size / chunk + (size % chunk != 0 ? 1 : 0);  // no overflow: both bounded
+      if (f["chunks"].size() != count)
+        throw malformed(name, "lists " + std::to_string(f["chunks"].size()) + " chunk checksums for " + std::to_string(size) +
+                                  " bytes in chunks of " + std::to_string(chunk) + " (" + std::to_string(count) + " expected)");
+      for (const json& c : f["chunks"])
+        if (!c.is_string() || c.get<std::string>().size() != 8) throw malformed(name, "has a chunk checksum that is not 8 hex digits");
+    }
+  }
   return m;
 }
 

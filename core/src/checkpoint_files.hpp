@@ -28,6 +28,10 @@ struct FileRecord {
 // The chunk size of files that ranks read in ranges (model.safetensors under a sharding
 // strategy): small enough that rounding a range out to whole chunks reads little extra.
 constexpr uint64_t kChunkSize = uint64_t{1} << 20;
+// What a manifest may claim: a reader trusts no larger file or chunk (a crafted manifest must
+// not make it allocate or index past what exists).
+constexpr uint64_t kMaxFileSize = uint64_t{1} << 50;
+constexpr uint64_t kMaxChunkSize = uint64_t{1} << 30;
 
 // Writes a file durably (written, fsync'ed) through `produce`, which calls the sink with the
 // file's bytes in order; chunk_size > 0 records the chunks' checksums too. Throws Error naming
@@ -36,6 +40,13 @@ using ByteSink = std::function<void(const void* data, size_t size)>;
 FileRecord write_file(const std::filesystem::path& dir, const std::string& name,
                       const std::function<void(const ByteSink&)>& produce, uint64_t chunk_size = 0);
 FileRecord write_file(const std::filesystem::path& dir, const std::string& name, const std::string& bytes);
+
+// Replaces the file at path with what `produce` writes, so that a reader (or a kill at any
+// moment) sees the old file or the new one whole: written to "PATH.tmp" (a stale one removed
+// first, then created O_EXCL|O_NOFOLLOW: a link planted there is not followed), flushed,
+// renamed over path, the directory flushed. Throws Error naming the path; the temporary file
+// is removed on every failure.
+void replace_file(const std::filesystem::path& path, const std::function<void(const ByteSink&)>& produce);
 
 // Reads a whole file; throws Error naming it.
 std::string read_file(const std::filesystem::path& path);
@@ -77,7 +88,9 @@ bool is_hasten_checkpoint(const std::filesystem::path& dir);
 // read (checkpoint_reader.hpp), so that loading reads each byte once.
 std::string verify_checkpoint(const std::filesystem::path& dir);
 
-// The manifest of a checkpoint (throws Error when it is missing or malformed).
+// The manifest of a checkpoint, every file entry checked (plain names, sizes and chunk layouts
+// within bounds, checksums of the right form); throws Error with one line when it is missing
+// or malformed.
 nlohmann::json read_manifest(const std::filesystem::path& dir);
 
 // checkpoint_N directories under `checkpoints` (complete or not), by N ascending.

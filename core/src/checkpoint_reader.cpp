@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "checkpoint_files.hpp"
 #include "checksum.hpp"
 
 namespace hasten::detail {
@@ -182,7 +183,9 @@ RangedFile::RangedFile(const fs::path& dir, const std::string& name, const json&
   size_ = f.value("size", uint64_t{0});
   chunk_size_ = f.at("chunk_size").get<uint64_t>();
   for (auto& c : f.at("chunks")) chunk_crc_.push_back(c.is_string() ? c.get<std::string>() : "");
-  if (chunk_crc_.size() != (size_ + chunk_size_ - 1) / chunk_size_)
+  // read_manifest bounded both; checked again here, without overflow, for any other caller.
+  if (chunk_size_ == 0 || chunk_size_ > kMaxChunkSize || size_ > kMaxFileSize ||
+      chunk_crc_.size() != size_ / chunk_size_ + (size_ % chunk_size_ != 0 ? 1 : 0))
     throw CorruptCheckpointFile("the manifest of '" + dir.string() + "' lists " + std::to_string(chunk_crc_.size()) +
                                 " chunk checksums for '" + name + "', which has " + std::to_string(size_) + " bytes");
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -238,7 +241,7 @@ void RangedFile::read_bytes(uint64_t begin, uint64_t end, char* dst) {
       read_chunk(c, dst + (cb - begin));  // a whole chunk: straight into place
       continue;
     }
-    scratch_.resize(static_cast<size_t>(chunk_size_));
+    scratch_.resize(static_cast<size_t>(std::min(chunk_size_, size_)));
     read_chunk(c, scratch_.data());
     const uint64_t lo = std::max(cb, begin), hi = std::min(ce, end);
     std::memcpy(dst + (lo - begin), scratch_.data() + (lo - cb), static_cast<size_t>(hi - lo));

@@ -63,8 +63,11 @@ std::map<std::string, fs::path> weight_files(const fs::path& path, const std::st
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
       throw Error(who + ": '" + (path / kIndex).string() + "' has no weight_map object");
     for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
-      if (!it.value().is_string() || it.value().get<std::string>().find('/') != std::string::npos)
-        throw Error(who + ": '" + (path / kIndex).string() + "': '" + it.key() + "' maps to " + it.value().dump());
+      // A file beside the index, by plain name: an absolute path or ".." would leave the directory.
+      const std::string file = it.value().is_string() ? it.value().get<std::string>() : "";
+      if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
+        throw Error(who + ": '" + (path / kIndex).string() + "': '" + it.key() + "' maps to " + it.value().dump() +
+                    " (allowed: the name of a file beside the index)");
       out[it.key()] = path / it.value().get<std::string>();
     }
     return out;
@@ -202,8 +205,9 @@ void Engine::save_model(size_t model, const std::string& dir, uint64_t max_shard
           fs::rename(target / shards[k].first, target / final_name);
           for (auto& n : shards[k].second) map[n] = final_name;
         }
-        const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
-        std::ofstream(target / kIndex) << index.dump(2) << "\n";
+        // Last, and whole or not at all: a reader finds the old index or the new one.
+        const std::string index = json({{"metadata", {{"total_size", total}}}, {"weight_map", map}}).dump(2) + "\n";
+        detail::replace_file(target / kIndex, [&](const detail::ByteSink& sink) { sink(index.data(), index.size()); });
         fs::remove(target / kSingle, ec);
       }
       remove_stale_shards(target, shards.size() == 1 ? 0 : shards.size());

@@ -17,6 +17,8 @@
 #include <system_error>
 #include <unordered_set>
 
+#include "checkpoint_files.hpp"
+
 // Tensor bytes go between files and storages unchanged, which is the format's little-endian
 // order only on a little-endian host.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors.cpp assumes a little-endian host");
@@ -393,26 +395,13 @@ void write_safetensors(const NamedTensors& tensors, const std::map<std::string, 
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  const std::string tmp = path + ".tmp";
+  // Written to PATH.tmp, flushed and renamed: the file at path is the old one or the new one
+  // whole, whatever happens meanwhile (checkpoint_files.hpp).
   try {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error("safetensors: cannot write '" + tmp + "'");
-    write_safetensors(tensors, metadata, [&](const void* p, size_t size) {
-      out.write(static_cast<const char*>(p), static_cast<std::streamsize>(size));
-    });
-    out.flush();
-    if (!out) throw Error("safetensors: writing '" + tmp + "' failed (disk full?)");
-  } catch (...) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);  // no half-written file left beside the target
-    throw;
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);  // the complete file is no use under its temporary name
-    throw Error("safetensors: cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+    detail::replace_file(path, [&](const detail::ByteSink& sink) { write_safetensors(tensors, metadata, sink); });
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    throw Error("safetensors: " + what.substr(what.rfind("checkpoint: ", 0) == 0 ? 12 : 0));
   }
 }
 
