@@ -4,7 +4,8 @@
 //   steps 1..5: loss = 1/step and acc = step/10; step 3's loss is NaN, step 4's acc is +inf
 //   log_text("notes", "hello **tracker**", 2)
 //   then end_training(), or with --fail an exception leaves main before end_training;
-//   with --hold FILE it first waits (idle, logging nothing) until FILE exists.
+//   with --hold FILE it first waits (idle, logging nothing) until FILE exists;
+//   with --widen it then logs a new metric, extra = 1, at step 6 (a new column).
 // --time N instead logs N calls of four scalars and prints how long the calls took (the
 // per-log cost in docs/trackers.md), end_training's wait for the trackers included.
 #include <hasten/hasten.hpp>
@@ -23,9 +24,10 @@ int main(int argc, char** argv) {
   const bool fail = argc == 2 && std::string(argv[1]) == "--fail";
   const bool hold = argc == 3 && std::string(argv[1]) == "--hold";
   const bool timed = argc == 3 && std::string(argv[1]) == "--time";
+  const bool widen = argc == 2 && std::string(argv[1]) == "--widen";
   const long calls = timed ? std::strtol(argv[2], nullptr, 10) : 0;
-  if ((argc > 1 && !fail && !hold && !timed) || (timed && calls <= 0)) {
-    std::cerr << "hasten-test-trackers: error: the flags are --fail, --hold FILE and --time N (N >= 1)" << std::endl;
+  if ((argc > 1 && !fail && !hold && !timed && !widen) || (timed && calls <= 0)) {
+    std::cerr << "hasten-test-trackers: error: the flags are --fail, --hold FILE, --widen and --time N (N >= 1)" << std::endl;
     return 2;
   }
   try {
@@ -49,6 +51,7 @@ int main(int argc, char** argv) {
       if (step == 2) acc.log_text("notes", "hello **tracker**", step);
       if (fail && step == 5) throw std::runtime_error("injected failure after step 5");
     }
+    if (widen) acc.log({{"extra", 1.0}}, 6);
     if (hold) {
       std::cout << "trackers: holding" << std::endl;
       while (!std::filesystem::exists(argv[2])) std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -3,11 +3,16 @@
  * in alphabetical order, empty cells for metrics a row does not have) and hparams.json,
  * in the run's logging directory; a later run in the same directory writes metrics-1.csv and
  * hparams-1.json (then -2, ...), never over an earlier run's files. When a new metric name appears the file is rewritten
- * with the wider header, as Lightning's CSVLogger does. Plain C99, C tier.
+ * with the wider header, as Lightning's CSVLogger does, beside the old one and renamed over
+ * it, so that a kill at any moment leaves the old file or the new one whole. Plain C99, C tier.
  */
+#define _POSIX_C_SOURCE 200809L /* open's O_NOFOLLOW and O_CLOEXEC, fsync, fdopen */
 #include <hasten/plugin.h>
 
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,32 +69,85 @@ static void write_cell(FILE* f, const char* s) {
   fputc('"', f);
 }
 
-static void write_row(csv_tracker* t, const row_t* r) {
+static void write_row(FILE* f, const csv_tracker* t, const row_t* r) {
   size_t c;
   char buf[64];
-  if (r->step >= 0) fprintf(t->file, "%lld", (long long)r->step);
+  if (r->step >= 0) fprintf(f, "%lld", (long long)r->step);
   for (c = 0; c < t->n_columns; ++c) {
-    fputc(',', t->file);
+    fputc(',', f);
     if (c < r->n_values && r->present[c]) {
       format_double(buf, sizeof buf, r->values[c]);
-      fputs(buf, t->file);
+      fputs(buf, f);
     }
   }
-  fputc('\n', t->file);
+  fputc('\n', f);
 }
 
+#ifdef HASTEN_TEST_HOOKS
+/* Test builds only (core/src/test_hooks.hpp): HASTEN_TEST_CRASH_AT=POINT:N kills the process
+ * the N-th time it reaches POINT. */
+static void test_point(const char* point) {
+  static unsigned arrivals[2];
+  const char* spec = getenv("HASTEN_TEST_CRASH_AT");
+  const size_t n = strlen(point);
+  const unsigned count = ++arrivals[strcmp(point, "csv-rewrite-written") == 0 ? 0 : 1];
+  if (spec && strncmp(spec, point, n) == 0 && (spec[n] == '\0' ? count == 1 : spec[n] == ':' && (unsigned)atoi(spec + n + 1) == count))
+    raise(SIGKILL);
+}
+#else
+#define test_point(point) ((void)0)
+#endif
+
+/* The whole file again (a new column widens the header): written to PATH.tmp (a stale one
+ * removed, then created exclusively, not through a link), flushed and renamed over PATH. The
+ * new file's stream stays open for the rows that follow: after the rename it is PATH. */
 static hasten_status rewrite(csv_tracker* t) {
   size_t c, i;
-  if (t->file) fclose(t->file);
-  t->file = fopen(t->path, "w");
-  if (!t->file) return fail(t->host, HASTEN_ERR_SYSTEM, t->path, strerror(errno));
-  fputs("step", t->file);
-  for (c = 0; c < t->n_columns; ++c) {
-    fputc(',', t->file);
-    write_cell(t->file, t->columns[c]);
+  const size_t n = strlen(t->path);
+  char* tmp = (char*)malloc(n + 5);
+  FILE* f;
+  int fd;
+  if (!tmp) return fail(t->host, HASTEN_ERR_SYSTEM, "out of memory", NULL);
+  sprintf(tmp, "%s.tmp", t->path);
+  if (unlink(tmp) != 0 && errno != ENOENT) {
+    hasten_status s = fail(t->host, HASTEN_ERR_SYSTEM, tmp, strerror(errno));
+    free(tmp);
+    return s;
   }
-  fputc('\n', t->file);
-  for (i = 0; i < t->n_rows; ++i) write_row(t, &t->rows[i]);
+  fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  f = fd < 0 ? NULL : fdopen(fd, "w");
+  if (!f) {
+    hasten_status s = fail(t->host, HASTEN_ERR_SYSTEM, tmp, strerror(errno));
+    if (fd >= 0) close(fd);
+    free(tmp);
+    return s;
+  }
+  fputs("step", f);
+  for (c = 0; c < t->n_columns; ++c) {
+    fputc(',', f);
+    write_cell(f, t->columns[c]);
+  }
+  fputc('\n', f);
+  for (i = 0; i < t->n_rows; ++i) write_row(f, t, &t->rows[i]);
+  if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
+    hasten_status s = fail(t->host, HASTEN_ERR_SYSTEM, tmp, strerror(errno));
+    fclose(f);
+    unlink(tmp);
+    free(tmp);
+    return s;
+  }
+  test_point("csv-rewrite-written");
+  if (rename(tmp, t->path) != 0) {
+    hasten_status s = fail(t->host, HASTEN_ERR_SYSTEM, t->path, strerror(errno));
+    fclose(f);
+    unlink(tmp);
+    free(tmp);
+    return s;
+  }
+  free(tmp);
+  test_point("csv-rewrite-renamed");
+  if (t->file) fclose(t->file);
+  t->file = f;
   return HASTEN_OK;
 }
 
@@ -257,7 +315,7 @@ static hasten_status csv_log_scalars(hasten_instance* self, const hasten_scalar*
   t->n_rows++;
   if (widened) return rewrite(t) == HASTEN_OK && fflush(t->file) == 0 ? HASTEN_OK
              : fail(t->host, HASTEN_ERR_SYSTEM, t->path, strerror(errno));
-  write_row(t, r);
+  write_row(t->file, t, r);
   if (fflush(t->file) != 0) return fail(t->host, HASTEN_ERR_SYSTEM, t->path, strerror(errno));
   return HASTEN_OK;
 }
