@@ -1,6 +1,7 @@
 """The shm comm plugin reclaims /dev/shm segments whose creating process is dead (a worker
-killed during set-up leaves its segment behind), keeps those of live processes, and leaves no
-segment of its own behind after a run, failed or not."""
+killed during set-up leaves its segment behind), keeps those of live processes, of another PID
+namespace (a container sharing /dev/shm, where the pid means another process) and of another
+user, and leaves no segment of its own behind after a run, failed or not."""
 import os
 import socket
 import subprocess
@@ -28,7 +29,7 @@ def leaked(names):
     out = set()
     for n in names:
         try:
-            os.kill(int(n.split("-")[2]), 0)
+            os.kill(int(n.split("-")[3]), 0)
         except (ProcessLookupError, ValueError, IndexError):
             out.add(n)
         except PermissionError:
@@ -36,13 +37,21 @@ def leaked(names):
     return out
 
 
-tag = uuid.uuid4().hex[:8]
-orphan = f"hasten-shm-{dead_pid()}-{tag}-1"
-alive = f"hasten-shm-{os.getpid()}-{tag}-0"
-for name in (orphan, alive):
+tag = uuid.uuid4().hex[:16]
+ns = os.stat("/proc/self/ns/pid").st_ino
+gone = dead_pid()
+orphan = f"hasten-shm-{ns}-{gone}-{tag}-1"
+alive = f"hasten-shm-{ns}-{os.getpid()}-{tag}-0"
+elsewhere = f"hasten-shm-{ns + 1}-{gone}-{tag}-2"  # the same pid in another namespace
+theirs = f"hasten-shm-{ns}-{gone}-{tag}-3"  # another user's
+kept = [alive, elsewhere] + ([theirs] if os.geteuid() == 0 else [])
+for name in [orphan] + kept:
     with open(os.path.join(SHM, name), "wb") as f:
         f.write(b"\0" * 4096)
-before = ours() - {orphan, alive}
+    os.chmod(os.path.join(SHM, name), 0o600)
+if os.geteuid() == 0:
+    os.chown(os.path.join(SHM, theirs), 65534, 65534)
+before = ours() - {orphan} - set(kept)
 try:
     env = {"HASTEN_COMM": "shm", "HASTEN_HOME": os.path.join(os.getcwd(), "shm-reclaim-home")}
     p = h.run(h.hasten("launch", "--num_processes", "2", WORKER, "--steps", "3"), env=env, timeout=120)
@@ -50,10 +59,12 @@ try:
         h.fail(f"an shm run failed (exit {p.returncode}):\n{p.stdout}\n{p.stderr}")
     if os.path.exists(os.path.join(SHM, orphan)):
         h.fail(f"/dev/shm/{orphan}, whose creator is dead, was not reclaimed by the next run")
-    if not os.path.exists(os.path.join(SHM, alive)):
-        h.fail(f"/dev/shm/{alive}, whose creator (this test) is alive, was removed")
-    print("ok: a dead creator's segment is reclaimed, a live one's kept")
-    left = leaked(ours() - before - {alive})
+    for name in kept:
+        if not os.path.exists(os.path.join(SHM, name)):
+            h.fail(f"/dev/shm/{name} (a live creator's, another namespace's or another user's) was removed")
+    print(f"ok: a dead creator's segment is reclaimed; kept: a live one's, another PID namespace's"
+          f"{', another user' + chr(39) + 's' if theirs in kept else ''}")
+    left = leaked(ours() - before - set(kept))
     if left:
         h.fail(f"the run left segments behind: {sorted(left)}")
     print("ok: a clean run leaves no segment")
@@ -71,14 +82,14 @@ try:
         procs.append(subprocess.Popen([WORKER, "--steps", "1"], env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     errs = [pr.communicate(timeout=60)[1] for pr in procs]
-    if any(pr.returncode == 0 for pr in procs) or not any("disagree on buffer_mb" in e for e in errs):
+    if any(pr.returncode == 0 for pr in procs) or not any("the same buffer_mb on every rank" in e for e in errs):
         h.fail("ranks with different buffer_mb did not fail in shm set-up:\n" + "\n".join(errs))
-    left = leaked(ours() - before - {alive})
+    left = leaked(ours() - before - set(kept))
     if left:
         h.fail(f"a failed set-up left segments behind: {sorted(left)}")
     print("ok: a failed set-up leaves no segment")
 finally:
-    for name in (orphan, alive):
+    for name in [orphan] + kept:
         try:
             os.unlink(os.path.join(SHM, name))
         except FileNotFoundError:

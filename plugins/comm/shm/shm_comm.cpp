@@ -39,9 +39,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -113,24 +115,60 @@ struct Segment {
   char* slot(int s) const { return static_cast<char*>(base) + kControlBytes + static_cast<size_t>(s) * control()->capacity; }
 };
 
-// Segment names: kNamePrefix, the creating process's pid, "-", the run's token, "-", the rank.
-// The pid lets a later run tell a segment whose creator died before unlinking it (killed
-// during set-up) from one a live run still sets up.
+// Segment names: kNamePrefix, the creator's PID namespace (the inode of /proc/self/ns/pid), "-",
+// its pid, "-", the run's token (16 hex digits), "-", the rank. The pid lets a later run tell
+// a segment whose creator died before unlinking it (killed during set-up) from one a live run
+// still sets up; the namespace keeps a run in another container sharing /dev/shm, whose pids
+// mean other processes, from reclaiming ours (and us theirs).
 constexpr const char* kNamePrefix = "hasten-shm-";
 
-// Unlinks the segments in /dev/shm whose creator no longer exists. Another user's segments
-// are not ours to judge (kill() says EPERM for them, and unlinking would fail anyway).
+std::string pid_namespace() {
+  struct stat st {};
+  if (::stat("/proc/self/ns/pid", &st) != 0) return "0";
+  return std::to_string(static_cast<unsigned long long>(st.st_ino));
+}
+
+// Whether name (without the leading '/') is hasten-shm-NS-PID-TOKEN-RANK; sets pid.
+bool parse_name(const std::string& name, std::string* ns, long* pid, std::string* token, int* rank) {
+  const size_t prefix_len = std::strlen(kNamePrefix);
+  if (name.compare(0, prefix_len, kNamePrefix) != 0) return false;
+  std::vector<std::string> parts;
+  for (size_t at = prefix_len;;) {
+    const size_t dash = name.find('-', at);
+    parts.push_back(name.substr(at, dash == std::string::npos ? std::string::npos : dash - at));
+    if (dash == std::string::npos) break;
+    at = dash + 1;
+  }
+  auto digits = [](const std::string& t) {
+    return !t.empty() && t.size() <= 20 && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  if (parts.size() != 4 || !digits(parts[0]) || !digits(parts[1]) || !digits(parts[3]) || parts[2].size() != 16 ||
+      !std::all_of(parts[2].begin(), parts[2].end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); }))
+    return false;
+  *ns = parts[0];
+  *pid = std::strtol(parts[1].c_str(), nullptr, 10);
+  *token = parts[2];
+  *rank = static_cast<int>(std::strtol(parts[3].c_str(), nullptr, 10));
+  return *pid > 0;
+}
+
+// Unlinks the segments in /dev/shm of this PID namespace whose creator no longer exists and
+// that belong to this user: nothing another user or another container made is touched.
 void reclaim_orphans() {
   DIR* dir = ::opendir("/dev/shm");
   if (dir == nullptr) return;  // no /dev/shm to scan: nothing can have leaked there
-  const size_t prefix_len = std::strlen(kNamePrefix);
+  const std::string my_ns = pid_namespace();
   std::vector<std::string> dead;
   while (const dirent* e = ::readdir(dir)) {
     const std::string name = e->d_name;
-    if (name.compare(0, prefix_len, kNamePrefix) != 0) continue;
-    char* end = nullptr;
-    const long pid = std::strtol(name.c_str() + prefix_len, &end, 10);
-    if (pid <= 0 || end == nullptr || *end != '-') continue;
+    std::string ns, token;
+    long pid = 0;
+    int rank = 0;
+    if (!parse_name(name, &ns, &pid, &token, &rank) || ns != my_ns) continue;
+    struct stat st {};
+    if (::fstatat(::dirfd(dir), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_uid != ::geteuid())
+      continue;
     if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) dead.push_back("/" + name);
   }
   ::closedir(dir);
@@ -191,13 +229,16 @@ class ShmComm final : public hasten::sdk::Comm {
     // then maps everyone's.
     std::string token;
     if (rank_ == 0) {
-      std::random_device rd;
-      token = std::to_string(rd() % 1000000000u);
+      std::random_device rd;  // the kernel's random source on Linux
+      char hex[17];
+      std::snprintf(hex, sizeof hex, "%08x%08x", rd(), rd());
+      token = hex;
       store_set("token", token);
     } else {
       token = store_get("token");
     }
-    my_name_ = "/" + std::string(kNamePrefix) + std::to_string(::getpid()) + "-" + token + "-" + std::to_string(rank_);
+    my_name_ = "/" + std::string(kNamePrefix) + pid_namespace() + "-" + std::to_string(::getpid()) + "-" + token + "-" +
+               std::to_string(rank_);
     const size_t size = kControlBytes + 2 * capacity_;
     const int fd = ::shm_open(my_name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
@@ -241,13 +282,31 @@ class ShmComm final : public hasten::sdk::Comm {
     for (int q = 0; q < world_; ++q) {
       if (q == rank_) continue;
       const std::string name = store_get("segment/" + std::to_string(q));
-      if (name.find(token) == std::string::npos)
-        throw Error(HASTEN_ERR_INVALID_USAGE, "shm: rank " + std::to_string(q) + " published segment " + name +
-                                                  ", not one of this run (token " + token + ")");
+      // Exactly the name rank q makes: this run's token and q's rank.
+      std::string ns, their_token;
+      long pid = 0;
+      int their_rank = -1;
+      if (name.empty() || name[0] != '/' || !parse_name(name.substr(1), &ns, &pid, &their_token, &their_rank) ||
+          their_token != token || their_rank != q)
+        throw Error(HASTEN_ERR_INVALID_USAGE, "shm: rank " + std::to_string(q) + " published a segment name that is "
+                                                  "not one of this run's (" + std::to_string(name.size()) + " bytes)");
       const int pfd = ::shm_open(name.c_str(), O_RDWR, 0600);
       if (pfd < 0)
         throw Error(HASTEN_ERR_SYSTEM, "shm: rank " + std::to_string(rank_) + " cannot open rank " + std::to_string(q) +
                                            "'s segment " + name + " (are all ranks on one machine?): " + std::strerror(errno));
+      // Made by this user, readable by nobody else, of the size every rank makes: a segment
+      // another local user planted under the name is not mapped.
+      struct stat st {};
+      if (::fstat(pfd, &st) != 0 || st.st_uid != ::geteuid() || (st.st_mode & 0777) != 0600 ||
+          static_cast<uint64_t>(st.st_size) != size) {
+        ::close(pfd);
+        char mode[8];
+        std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 0777));
+        throw Error(HASTEN_ERR_INVALID_USAGE,
+                    "shm: rank " + std::to_string(q) + "'s segment " + name + " is not what a rank of this run makes "
+                    "(owner uid " + std::to_string(st.st_uid) + ", mode " + mode + ", " + std::to_string(st.st_size) +
+                    " bytes; expected this user, 0600, " + std::to_string(size) + " bytes: the same buffer_mb on every rank)");
+      }
       segments_[static_cast<size_t>(q)] = map(pfd, size, name);
       if (segments_[static_cast<size_t>(q)].control()->capacity != capacity_)
         throw Error(HASTEN_ERR_INVALID_ARGUMENT, "shm: ranks disagree on buffer_mb");
