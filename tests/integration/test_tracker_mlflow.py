@@ -117,4 +117,26 @@ with tempfile.TemporaryDirectory() as logs:
     failed = [m for _, d, m in all_runs if d != run_dir]
     if failed[0]["status"] != FAILED or not isinstance(failed[0]["end_time"], int):
         h.fail(f"run ended by an error: status {failed[0]['status']!r}, end_time {failed[0]['end_time']!r}")
+
+    # A meta.yaml whose experiment_id would lead the run's files out of the store is refused.
+    meta_path = os.path.join(store, exps[0], "meta.yaml")
+    text = read(meta_path)
+    with open(meta_path, "w") as f:
+        f.write(text.replace(f"experiment_id: '{exps[0]}'", "experiment_id: '../../escaped'")
+                    .replace(f"experiment_id: \"{exps[0]}\"", "experiment_id: '../../escaped'")
+                    .replace(f"experiment_id: {exps[0]}", "experiment_id: '../../escaped'"))
+    if "escaped" not in read(meta_path):
+        h.fail(f"the test could not edit experiment_id in:\n{text}")
+    p = h.run([WORKER], env=env)
+    if "is not its directory's name of digits" not in p.stderr:
+        h.fail(f"a crafted experiment_id was not refused:\n{p.stdout}\n{p.stderr}")
+    if glob.glob(os.path.join(logs, "**", "escaped"), recursive=True) or os.path.exists(os.path.join(os.path.dirname(logs), "escaped")):
+        h.fail("a crafted experiment_id made a directory outside the experiment")
+    print("ok: a crafted experiment_id is refused: " + [l for l in p.stderr.splitlines() if "digits" in l][0][-120:])
+
+    # Credentials in MLFLOW_TRACKING_URI are never printed.
+    p = h.run([WORKER], env={**env, "MLFLOW_TRACKING_URI": "http://alice:s3cret-token@tracking.example:5000/x"})
+    if "s3cret" in p.stdout + p.stderr or "***@tracking.example:5000" not in p.stderr:
+        h.fail(f"MLFLOW_TRACKING_URI's credentials were printed or the URI not named:\n{p.stderr}")
+    print("ok: MLFLOW_TRACKING_URI's credentials are not printed")
 print("tracker mlflow: OK")

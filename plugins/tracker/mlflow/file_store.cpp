@@ -2,6 +2,7 @@
 
 #include <hasten/plugin.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <chrono>
@@ -149,8 +150,15 @@ std::string FileStore::experiment(const std::string& name) {
     if (!entry.is_directory() || entry.path().filename() == ".trash") continue;
     const std::string text = read_file(entry.path() / "meta.yaml");
     if (text.empty()) continue;
-    if (yaml_value(text, "name") == name && yaml_value(text, "lifecycle_stage") == "active")
-      return yaml_value(text, "experiment_id");
+    if (yaml_value(text, "name") == name && yaml_value(text, "lifecycle_stage") == "active") {
+      // The id becomes part of every path the run writes: only the directory's own name, all
+      // digits (MLflow's ids), is taken; a meta.yaml that says otherwise was not written by MLflow.
+      const std::string id = entry.path().filename().string();
+      const bool digits = !id.empty() && id.size() <= 32 && std::all_of(id.begin(), id.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (!digits || yaml_value(text, "experiment_id") != id)
+        fail("read", entry.path() / "meta.yaml", "its experiment_id is not its directory's name of digits");
+      return id;
+    }
   }
   if (ec) fail("list", root_, ec.message());
   // MLflow's own ids are large random integers; 18 digits keep them clear of its id rules.

@@ -19,6 +19,16 @@
 
 namespace {
 
+// uri without the user:password@ (or token@) of its authority: what is printed of it.
+std::string without_credentials(const std::string& uri) {
+  const size_t scheme = uri.find("://");
+  if (scheme == std::string::npos) return uri;
+  const size_t start = scheme + 3, end = uri.find_first_of("/?#", start);
+  const size_t at = uri.rfind('@', end == std::string::npos ? std::string::npos : end);
+  if (at == std::string::npos || at < start) return uri;
+  return uri.substr(0, start) + "***@" + uri.substr(at + 1);
+}
+
 namespace fs = std::filesystem;
 namespace mf = hasten::mlflow;
 using hasten::sdk::Error;
@@ -75,7 +85,7 @@ class MlflowTracker final : public hasten::sdk::Tracker {
         if (u.rfind("file://", 0) == 0) u = u.substr(7);
         else if (u.rfind("file:", 0) == 0) u = u.substr(5);
         if (u.find("://") != std::string::npos)
-          throw Error(HASTEN_ERR_UNSUPPORTED, "mlflow: MLFLOW_TRACKING_URI '" + std::string(uri) +
+          throw Error(HASTEN_ERR_UNSUPPORTED, "mlflow: MLFLOW_TRACKING_URI '" + without_credentials(uri) +
                                                   "' is not a local file store (allowed: a directory or a file: URI)");
         root = u;
       } else {
