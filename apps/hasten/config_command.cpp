@@ -26,6 +26,9 @@ void add_config_command(CLI::App& app, Action& action) {
   def->callback([&action, file, precision] {
     action = [file, precision]() -> int {
       const std::string path = file->empty() ? default_config_path(current_environment()) : *file;
+      if (path.empty())
+        return report_error("there is no home directory for the default config file (HOME is unset and the user has "
+                            "none); pass --config_file or set HASTEN_HOME");
       const std::string text = default_config_yaml(*precision);  // validates the value
       std::error_code ec;
       if (std::filesystem::exists(path, ec))

@@ -161,6 +161,9 @@ std::string yaml_scalar(const nlohmann::ordered_json& v) {
 
 int wizard(const std::string& file_flag) {
   const std::string path = file_flag.empty() ? default_config_path(current_environment()) : file_flag;
+  if (path.empty())
+    return report_error("there is no home directory for the default config file (HOME is unset and the user has none); "
+                        "pass --config_file or set HASTEN_HOME");
   std::error_code ec;
   try {
     if (std::filesystem::exists(path, ec)) {

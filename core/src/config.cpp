@@ -7,6 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <pwd.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <sstream>
 
@@ -369,8 +372,12 @@ std::string default_config_path(const Environment& env) {
     home = get("HASTEN_HOME");
   else if (!get("XDG_CONFIG_HOME").empty())
     home = fs::path(get("XDG_CONFIG_HOME")) / "hasten";
+  else if (!get("HOME").empty())
+    home = fs::path(get("HOME")) / ".config" / "hasten";
+  else if (const passwd* pw = ::getpwuid(::geteuid()); pw != nullptr && pw->pw_dir != nullptr && *pw->pw_dir != '\0')
+    home = fs::path(pw->pw_dir) / ".config" / "hasten";  // HOME unset: the user's own, never the working directory
   else
-    home = fs::path(get("HOME").empty() ? "." : get("HOME")) / ".config" / "hasten";
+    return "";
   return (home / "default_config.yaml").string();
 }
 
@@ -385,7 +392,7 @@ Config resolve_config(const Options& code, const Environment& env) {
   } else if (!from_launcher) {
     std::error_code ec;
     const std::string def = default_config_path(env);
-    if (fs::exists(def, ec)) file = def;
+    if (!def.empty() && fs::exists(def, ec)) file = def;
   }
   // The launcher's HASTEN_CONFIG_JSON already holds the file it read: reading a file again
   // would let a default file's keys leak into a run launched with another one.

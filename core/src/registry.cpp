@@ -8,6 +8,8 @@
 #include <boost/dll/shared_library.hpp>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -400,10 +402,30 @@ std::string probe_file(const std::string& file, detail::ProbeCache* cache) {
 
 // Probes a library, then loads it here if that is safe. Never throws but for a bad
 // HASTEN_PLUGIN_PROBE_TIMEOUT_S.
+// Loading a library runs its code: one that anyone on the machine may replace, or that sits
+// in a directory where anyone may replace it (a sticky directory such as /tmp excepted: there
+// only its owner can), is refused. "" when file and its directory are safe.
+std::string unsafe_permissions(const std::string& file) {
+  struct stat st {};
+  char mode[8];
+  if (::stat(file.c_str(), &st) == 0 && (st.st_mode & S_IWOTH) != 0) {
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return std::string("world-writable (mode ") + mode + "): anyone on this machine could replace its code; `chmod o-w` it";
+  }
+  const std::string dir = fs::path(file).parent_path().empty() ? "." : fs::path(file).parent_path().string();
+  if (::stat(dir.c_str(), &st) == 0 && (st.st_mode & S_IWOTH) != 0 && (st.st_mode & S_ISVTX) == 0) {
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return "in the world-writable directory '" + dir + "' (mode " + mode +
+           "): anyone on this machine could replace it; `chmod o-w` the directory";
+  }
+  return "";
+}
+
 LoadOutcome load_library(const std::string& file, detail::ProbeCache* cache) {
   std::error_code ec;
   if (!fs::exists(file, ec)) return {{}, {{file, "", "no such file"}}, false};
   if (!fs::is_regular_file(file, ec)) return {{}, {{file, "", "not a regular file"}}, false};
+  if (const std::string why = unsafe_permissions(file); !why.empty()) return {{}, {{file, "", why}}, false};
   if (const std::string why = probe_file(file, cache); !why.empty()) return {{}, {{file, "", why}}, true};
   return load_library_in_process(file, [](detail::ProbeStage) {});
 }
@@ -455,8 +477,15 @@ struct PluginRegistry::Impl {
                          .string());
     } catch (const std::exception&) {
     }
+    // Relative entries would make what loads depend on the working directory.
     if (const char* env = std::getenv("HASTEN_PLUGIN_PATH"))
-      for (auto& d : split_path_list(env)) dirs.push_back(d);
+      for (auto& d : split_path_list(env)) {
+        if (!d.empty() && d[0] != '/')
+          throw ConfigError("HASTEN_PLUGIN_PATH: '" + d +
+                            "' is a relative directory, which would load plugins from wherever the program runs "
+                            "(allowed: absolute directories, separated by ':')");
+        dirs.push_back(d);
+      }
     for (auto& d : extra_dirs) dirs.push_back(d);
     return dirs;
   }

@@ -130,7 +130,9 @@ struct Config {
 };
 
 // The default config file: $HASTEN_HOME/default_config.yaml, where HASTEN_HOME defaults to
-// $XDG_CONFIG_HOME/hasten or ~/.config/hasten.
+// $XDG_CONFIG_HOME/hasten or ~/.config/hasten (~: HOME, else the user's home directory from the
+// password database). "" when there is no home at all: no default file, never one in the
+// working directory.
 std::string default_config_path(const Environment& env);
 
 // Resolves the configuration from every source. Throws ConfigError.
