@@ -142,7 +142,17 @@ int run_workers(const LaunchPlan& plan, bool* interrupted, int* failed_rank) {
     Worker& w = workers[static_cast<size_t>(lr)];
     w.rank = plan.global_rank(lr);
     if (!plan.log_dir.empty()) {
-      w.log = std::make_unique<std::ofstream>(plan.log_dir + "/rank_" + std::to_string(w.rank) + ".log");
+      // Not through a link planted at the name (a shared log directory): opened O_NOFOLLOW,
+      // then the stream opens that very file through its descriptor.
+      const std::string path = plan.log_dir + "/rank_" + std::to_string(w.rank) + ".log";
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+      if (fd < 0) {
+        std::cerr << "hasten: error: cannot write '" << path << "': " << std::strerror(errno)
+                  << (errno == ELOOP ? " (a symbolic link: remove it)" : "") << std::endl;
+        return 1;
+      }
+      w.log = std::make_unique<std::ofstream>("/proc/self/fd/" + std::to_string(fd));
+      ::close(fd);
     }
     int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
     if (use_pipes && (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0)) {

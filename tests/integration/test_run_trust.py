@@ -236,4 +236,19 @@ if err0.count("refused a launcher from 127.0.0.1") != 2:
 if token in out0 + err0 + out1 + err1:
     h.fail("the run token was printed")
 print("ok: machine 0's launcher listens on 127.0.0.1, refused 2 JOINs and a flood, then ran with machine 1")
+
+# 4. A link planted as a rank's log file is not written through.
+import tempfile
+with tempfile.TemporaryDirectory() as d:
+    victim = os.path.join(d, "victim.txt")
+    with open(victim, "w") as f:
+        f.write("keep me\n")
+    logs = os.path.join(d, "logs")
+    os.makedirs(logs)
+    os.symlink(victim, os.path.join(logs, "rank_0.log"))
+    p = h.run(h.hasten("launch", "--num_processes", "1", "--log_dir", logs, WORKER, "--steps", "1"), timeout=120)
+    h.check_clean_failure(p, "a rank log that is a symbolic link", "a symbolic link")
+    with open(victim) as f:
+        if f.read() != "keep me\n":
+            h.fail("the launcher wrote through a symbolic link planted as rank_0.log")
 print("run trust: OK")

@@ -397,6 +397,10 @@ class NcclComm final : public hasten::sdk::Comm {
                                   why + ")"
                             : "nccl: reading the NCCL id from rank 0 failed: " + why);
       }
+      // Exactly an id: anything else under the key was not published by rank 0's plugin.
+      if (size != sizeof id)
+        throw Error(HASTEN_ERR_INVALID_USAGE, "nccl: the NCCL id rank 0 published has " + std::to_string(size) +
+                                                  " bytes, not " + std::to_string(sizeof id));
     }
     if (world_ > 1) {  // best effort: only the message of a timeout below reads it
       const char one = 1;
