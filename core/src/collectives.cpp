@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "engine_state.hpp"
 
@@ -46,7 +47,16 @@ void Engine::Impl::check_collective(const std::string& op, const torch::Tensor& 
   const int64_t n = collective_seq++;
   const std::string mine = op + " " + describe(t);
   const std::string key = "hasten/debug/" + std::to_string(n) + "/";
-  store->set(key + std::to_string(process.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  try {
+    store->set(key + std::to_string(process.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  } catch (const Error& e) {
+    // The store lives in rank 0's process: a set that fails means it has gone.
+    if (process.rank != 0)
+      throw UsageError("debug: rank 0 cannot be asked about collective #" + std::to_string(n) + " (rank " +
+                       std::to_string(process.rank) + " is in " + mine + "): the store's host, rank 0, exited or failed (" +
+                       e.what() + ")");
+    throw;
+  }
   std::vector<std::string> differ;
   std::string all;
   for (int r = 0; r < process.world_size; ++r) {
@@ -54,8 +64,16 @@ void Engine::Impl::check_collective(const std::string& op, const torch::Tensor& 
     all += (r ? "; " : "") + std::string("rank ") + std::to_string(r) + ": " + theirs;
     if (theirs != mine) differ.push_back(std::to_string(r));
   }
-  if (!differ.empty())
+  if (!differ.empty()) {
+    // Every rank names the disagreement, so every rank must read every announcement: rank 0
+    // hosts the store in its process, and its process ending with this error before a peer has
+    // read them would leave that peer with "the store's host is gone" instead. Each rank says
+    // it has read them; the host's process, at its exit, waits for that (bounded, and not for
+    // a peer that left), while the error itself goes up at once.
+    store->add(key + "read", 1);
+    if (process.rank == 0) store->hold_at_exit_until(key + "read", process.world_size);
     throw UsageError("debug: ranks disagree on collective #" + std::to_string(n) + " (" + all + ")");
+  }
 }
 
 // What rank r announced for collective #n. Waits in short rounds and asks between them

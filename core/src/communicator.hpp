@@ -56,6 +56,10 @@ class Store {
   virtual void setup_finished() {}
   // Empty while `rank` may still come; otherwise why it will not (it left, its process exited).
   virtual std::string departed(int /*rank*/) { return ""; }
+  // The store's host only: at exit, its process waits (bounded by the store's timeout, and not
+  // for peers whose processes are gone) until the counter `key` reaches `count`, so that peers
+  // still reading what it published are not cut off by its exit.
+  virtual void hold_at_exit_until(const std::string& /*key*/, int64_t /*count*/) {}
 };
 
 }  // namespace hasten::detail

@@ -21,6 +21,7 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "c10d_store_wire.hpp"
 #include "store_client.hpp"
@@ -55,6 +56,8 @@ struct Connection {
   bool hosts = false;  // rank 0 outside torchrun: the store lives in this process
   int64_t timeout_ms = 0;
   int64_t generations = 0;  // Accelerators this process made on this store
+  std::mutex exit_waits_mutex;
+  std::vector<std::pair<std::string, int64_t>> exit_waits;  // counters the host waits for at exit
 
   int64_t add(const std::string& key, int64_t delta, int64_t timeout) { return wire->add(key, delta, timeout); }
   bool check(const std::string& key, int64_t timeout) { return wire->check(key, timeout); }
@@ -127,6 +130,12 @@ class TcpStore final : public Store {
   }
   int64_t add(const std::string& k, int64_t delta) override { return c_->add(keys_ + k, delta, call_timeout_ms_); }
   bool check(const std::string& k) { return c_->check(keys_ + k, call_timeout_ms_); }
+
+  void hold_at_exit_until(const std::string& key, int64_t count) override {
+    if (!c_->hosts) return;
+    std::lock_guard<std::mutex> lock(c_->exit_waits_mutex);
+    c_->exit_waits.emplace_back(keys_ + key, count);
+  }
 
   std::string departed(int rank) override {
     try {
@@ -370,6 +379,21 @@ void release_stores_before_exit() {
       for (int r = 1; r < c->world; ++r)
         while (c->add("hasten/setting_up/" + std::to_string(r), 0, kLeavingCallMs) > 0 && Clock::now() < deadline &&
                process_gone(*c, r).empty())
+          std::this_thread::sleep_for(Ms(2));
+      // Counters peers still have to complete (hold_at_exit_until), for at most 10 s more.
+      std::vector<std::pair<std::string, int64_t>> waits;
+      {
+        std::lock_guard<std::mutex> lock(c->exit_waits_mutex);
+        waits = c->exit_waits;
+      }
+      const auto hold_deadline = std::min(deadline, Clock::now() + Ms(10000));
+      auto anyone_gone = [&] {
+        for (int r = 1; r < c->world; ++r)
+          if (!process_gone(*c, r).empty()) return true;
+        return false;
+      };
+      for (auto& [key, count] : waits)
+        while (c->add(key, 0, kLeavingCallMs) < count && Clock::now() < hold_deadline && !anyone_gone())
           std::this_thread::sleep_for(Ms(2));
     } catch (...) {
       // A broken store: nobody can use it any more.
