@@ -186,9 +186,13 @@ int launch(const LaunchFlags& flags) {
   int threads = config.num_cpu_threads_per_process;
   if (threads == 0 && env.count("OMP_NUM_THREADS") == 0)
     threads = std::max(1, cores / std::max(1, plan.local_world_size));
+  // The flag or config sets both; otherwise a variable the user set is kept, each on its own
+  // (OPENBLAS_NUM_THREADS alone set is not overwritten by the share of cores).
+  const bool asked = config.num_cpu_threads_per_process > 0;
   if (threads > 0) {
-    plan.env.emplace_back("OMP_NUM_THREADS", std::to_string(threads));
-    plan.env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(threads));
+    if (asked || env.count("OMP_NUM_THREADS") == 0) plan.env.emplace_back("OMP_NUM_THREADS", std::to_string(threads));
+    if (asked || env.count("OPENBLAS_NUM_THREADS") == 0)
+      plan.env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(threads));
   }
   plan.env.emplace_back("HASTEN_CONFIG_JSON", config.explicit_json);
   // gpu_ids: the workers see only the listed GPUs (CUDA_VISIBLE_DEVICES, as accelerate launch

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <vector>
 
+#include "abi_array.hpp"
 #include "text_util.hpp"
 
 namespace hasten::detail {
@@ -64,7 +65,8 @@ std::string read_description(const hasten_plugin_descriptor& d, PluginKind kind,
   info.options_described = d.options != nullptr;
   std::set<std::string> names, section_keys;
   for (uint32_t i = 0; i < d.n_options; ++i) {
-    const hasten_option_spec& o = d.options[i];
+    hasten_option_spec o{};
+    if (std::string why; !abi_element(d.options, i, &o, &why)) return "options: " + why;
     const std::string at = "option " + std::to_string(i);
     if (o.struct_size < offsetof(hasten_option_spec, run_setting) + sizeof(void*))
       return at + " has a too small struct_size " + std::to_string(o.struct_size);

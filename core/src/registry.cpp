@@ -21,6 +21,7 @@
 #include <set>
 #include <sstream>
 
+#include "abi_array.hpp"
 #include "elf_check.hpp"
 #include "host_api.hpp"
 #include "loaded_plugin.hpp"
@@ -225,7 +226,8 @@ std::unique_ptr<LoadedPlugin> validate_descriptor(const hasten_plugin_descriptor
   if (d.n_presets > 0 && d.presets == nullptr)
     return refuse(label, "declares " + std::to_string(d.n_presets) + " presets but presets is NULL");
   for (uint32_t i = 0; i < d.n_presets; ++i) {
-    const hasten_preset& p = d.presets[i];
+    hasten_preset p{};
+    if (std::string why; !detail::abi_element(d.presets, i, &p, &why)) return refuse(label, "presets: " + why);
     if (p.struct_size < offsetof(hasten_preset, options_json) + sizeof(void*))
       return refuse(label, "preset " + std::to_string(i) + " has a too small struct_size");
     if (!valid_name(p.name))

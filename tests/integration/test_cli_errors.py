@@ -99,6 +99,18 @@ with tempfile.TemporaryDirectory() as d:
     # The plan resolves the config as the workers will (they see WORLD_SIZE 2: data-parallel).
     if '"strategy": "ddp"' not in p.stdout:
         h.fail("launch --dry-run --num_processes 2 does not show the workers' strategy (ddp):\n" + p.stdout)
+    # Thread variables the user set are kept, each on its own; the flag sets both.
+    import subprocess
+    only_blas = {k: v for k, v in {**os.environ, **env}.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    only_blas["OPENBLAS_NUM_THREADS"] = "3"
+    p = subprocess.run(h.hasten("launch", "--dry-run", "prog"), env=only_blas, capture_output=True, text=True, timeout=60)
+    if "OPENBLAS_NUM_THREADS=" in p.stdout or "OMP_NUM_THREADS=" not in p.stdout:
+        h.fail("launch overwrote the user's OPENBLAS_NUM_THREADS (or set no OMP_NUM_THREADS):\n" + p.stdout)
+    p = subprocess.run(h.hasten("launch", "--dry-run", "--num_cpu_threads_per_process", "2", "prog"), env=only_blas,
+                       capture_output=True, text=True, timeout=60)
+    if "OPENBLAS_NUM_THREADS=2" not in p.stdout or "OMP_NUM_THREADS=2" not in p.stdout:
+        h.fail("launch --num_cpu_threads_per_process 2 did not set both thread variables:\n" + p.stdout)
+    print("ok: the user's OPENBLAS_NUM_THREADS is kept; --num_cpu_threads_per_process sets both")
     # A program started under launch trains with the launched config.
     p = h.run(h.hasten("launch", "--mixed_precision", "bf16", os.path.join(h.BIN, "hasten-example"), "--steps", "2",
                        "--warmup", "0", "--json"), env=env, check=True)

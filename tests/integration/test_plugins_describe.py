@@ -15,6 +15,15 @@ for want in ["strategy zero 1.0", "selected by distributed_type: DEEPSPEED", "co
 p = h.run(h.hasten("plugins", "describe", "shm"), check=True)
 if "serves: cpu; ranks on one machine; priority 20" not in p.stdout:
     h.fail(f"describe shm does not say what it serves:\n{p.stdout}")
+# A plugin whose option and preset structs are longer than this host's (built against a later
+# minor): the host steps through its arrays by the struct_size they declare.
+longer = os.path.abspath(os.path.join(h.BIN, "..", "tests", "plugins", "longer"))
+p = h.run(h.hasten("plugins", "describe", "longer_elements"), env={"HASTEN_PLUGIN_PATH": longer}, check=True)
+for want in ["preset longer_fast: the fast mode", "preset longer_exact: the exact mode", "`level`", "`mode`",
+             "fast, exact"]:
+    if want not in p.stdout:
+        h.fail(f"describe of a plugin with longer elements does not say {want!r}:\n{p.stdout}")
+print("ok: options and presets of a plugin with longer elements are read by their declared stride")
 p = h.run(h.hasten("plugins", "describe", "single"), check=True)
 if "selected by distributed_type: NO" not in p.stdout or "options: none" not in p.stdout:
     h.fail(f"describe single:\n{p.stdout}")

@@ -14,6 +14,12 @@
  *   the author's compiler saw it, then abi_version). Fields are only ever appended. The reader
  *   copies min(struct_size, its own sizeof) into zeroed storage, so a slot the other side does
  *   not know reads as NULL/0, which always means "not supported" / "default".
+ * - Arrays of structs (a descriptor's presets and options) are read with the stride their
+ *   elements declare: element i is at i * the struct_size of element 0, and every element of
+ *   one array has the same struct_size (the plugin's sizeof), so a plugin built against a minor
+ *   with shorter or longer elements is read at the right offsets. Arrays of pointers and of
+ *   scalars have no stride of their own. tests/abi/layouts/ freezes sizeof and offsetof of
+ *   every struct per minor; tests/abi/layout_check.py fails when a field moves.
  * - Versions: HASTEN_ABI_MAJOR changes only when a layout changes incompatibly (new entry
  *   symbol _v2); HASTEN_ABI_MINOR grows with every field, slot or enum value appended, and the
  *   table below says what each minor added. A plugin built against 1.N loads in every host of
@@ -206,8 +212,8 @@ struct hasten_host_api {
   /* Fills *out (caller sets out->struct_size). Never fails for a well-formed call. */
   hasten_status (*process_info)(const hasten_host_api* host, hasten_process_info* out);
 
-  /* Rendezvous key-value store shared by every rank of the run (c10d TCPStore hosted by
-   * rank 0). HASTEN_ERR_UNSUPPORTED when the run has one process and no store. */
+  /* Rendezvous key-value store shared by every rank of the run (hosted by rank 0; under
+   * torchrun, its agent's). HASTEN_ERR_UNSUPPORTED when the run has one process and no store. */
   hasten_status (*store_set)(const hasten_host_api* host, const char* key, const void* data,
                              size_t size);
   /* Waits up to timeout_ms (0: the run's timeout) for key. If capacity is too small, returns
