@@ -153,10 +153,19 @@ int run_workers(const LaunchPlan& plan, bool* interrupted, int* failed_rank) {
       }
       w.log = std::make_unique<std::ofstream>("/proc/self/fd/" + std::to_string(fd));
       ::close(fd);
+      if (!w.log->is_open()) {
+        std::cerr << "hasten: error: cannot write '" << path << "' (reopening it through /proc/self/fd failed)" << std::endl;
+        return 1;
+      }
     }
     int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
+    auto close_pipes = [&] {
+      for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]})
+        if (fd >= 0) ::close(fd);
+    };
     if (use_pipes && (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0)) {
       std::cerr << "hasten: error: pipe: " << std::strerror(errno) << std::endl;
+      close_pipes();
       return 1;
     }
     // Everything the child needs is prepared before fork (no allocation after it).
@@ -187,6 +196,7 @@ int run_workers(const LaunchPlan& plan, bool* interrupted, int* failed_rank) {
     const pid_t pid = ::fork();
     if (pid < 0) {
       std::cerr << "hasten: error: fork: " << std::strerror(errno) << std::endl;
+      close_pipes();
       return 1;
     }
     if (pid == 0) {

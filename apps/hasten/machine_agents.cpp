@@ -192,6 +192,9 @@ class Coordinator {
         } else {
           const int one = 1;
           ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+          // A peer that stops reading must not stall the coordinator in a broadcast.
+          const timeval send_limit{5, 0};
+          ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_limit, sizeof send_limit);
           Peer peer;
           peer.fd = fd;
           peer.address = host;
@@ -211,6 +214,9 @@ class Coordinator {
         Peer& p = peers_[i - 1];
         std::deque<std::string> lines;
         const bool open = read_lines(p.fd, p.buf, lines);
+        if (!open && p.buf.size() > kMaxLine)
+          refuse_line("closed the connection from " + p.address + ": it sent a line longer than " +
+                      std::to_string(kMaxLine) + " bytes");
         for (auto& line : lines)
           if (!over_) handle(p, line);
         if (!open && !over_) gone(p);

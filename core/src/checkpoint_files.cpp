@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -163,7 +164,7 @@ bool is_hasten_checkpoint(const fs::path& dir) {
   if (fs::is_symlink(dir, ec) || !fs::is_directory(dir, ec)) return false;
   const fs::path manifest = dir / kManifest;
   if (fs::is_symlink(manifest, ec) || !fs::is_regular_file(manifest, ec)) return false;
-  if (fs::file_size(manifest, ec) > (uint64_t{64} << 20)) return false;
+  if (fs::file_size(manifest, ec) > kMaxManifestBytes) return false;
   try {
     const json m = json::parse(read_file(manifest), nullptr, false);
     return m.is_object() && m.contains("format") && m["format"] == "hasten-checkpoint";
@@ -201,7 +202,11 @@ fs::path prepare_save(const fs::path& final_dir) {
   // What an earlier save of this directory left: only what hasten made is removed.
   const fs::path tmp = saving_dir(final_dir), aside = set_aside_dir(final_dir);
   if (fs::exists(fs::symlink_status(tmp, ec))) {
-    if (fs::is_symlink(fs::symlink_status(tmp, ec)) || (!fs::exists(tmp / kSavingMark, ec) && !is_hasten_checkpoint(tmp)))
+    // Ours: marked, a complete checkpoint a swap left there, or empty (a save killed between
+    // its mkdir and its mark; an empty directory holds nothing to lose).
+    const bool empty = fs::is_directory(fs::symlink_status(tmp, ec)) && fs::is_empty(tmp, ec);
+    if (fs::is_symlink(fs::symlink_status(tmp, ec)) ||
+        (!fs::exists(tmp / kSavingMark, ec) && !is_hasten_checkpoint(tmp) && !empty))
       throw Error("save_state: '" + tmp.string() + "' exists and was not made by hasten's save_state (" + kSavingMark +
                   " is missing); it is left alone: remove it or choose another directory");
     fs::remove_all(tmp, ec);
@@ -305,6 +310,9 @@ json read_manifest(const fs::path& dir) {
   if (!fs::is_directory(dir, ec)) throw Error("checkpoint '" + dir.string() + "' is not a directory");
   if (!fs::exists(path, ec))
     throw Error("checkpoint '" + dir.string() + "' has no manifest.json (it is incomplete: its save did not finish)");
+  if (fs::file_size(path, ec) > kMaxManifestBytes)
+    throw Error("checkpoint '" + dir.string() + "': manifest.json has more than " + std::to_string(kMaxManifestBytes >> 20) +
+                " MiB (not a manifest hasten wrote)");
   json m = json::parse(read_file(path), nullptr, false);
   if (!m.is_object() || m.value("format", "") != "hasten-checkpoint" || !m.contains("files") || !m["files"].is_object())
     throw Error("checkpoint '" + dir.string() + "': manifest.json is malformed");
@@ -320,8 +328,13 @@ json read_manifest(const fs::path& dir) {
     const json& f = it.value();
     if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
       throw malformed(name, "is not a plain file name");
+    auto hex8 = [](const json& v) {
+      if (!v.is_string() || v.get<std::string>().size() != 8) return false;
+      const std::string t = v.get<std::string>();
+      return std::all_of(t.begin(), t.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; });
+    };
     if (!f.is_object() || !f.contains("size") || !f["size"].is_number_unsigned() || !f.contains("crc32c") ||
-        !f["crc32c"].is_string() || f["crc32c"].get<std::string>().size() != 8)
+        !hex8(f["crc32c"]))
       throw malformed(name, "needs an unsigned size and an 8-digit crc32c");
     if (f["size"].get<uint64_t>() > kMaxFileSize) throw malformed(name, "claims more than 2^50 bytes");
     if (f.contains("chunk_size") || f.contains("chunks")) {
@@ -336,7 +349,7 @@ json read_manifest(const fs::path& dir) {
         throw malformed(name, "lists " + std::to_string(f["chunks"].size()) + " chunk checksums for " + std::to_string(size) +
                                   " bytes in chunks of " + std::to_string(chunk) + " (" + std::to_string(count) + " expected)");
       for (const json& c : f["chunks"])
-        if (!c.is_string() || c.get<std::string>().size() != 8) throw malformed(name, "has a chunk checksum that is not 8 hex digits");
+        if (!hex8(c)) throw malformed(name, "has a chunk checksum that is not 8 hex digits");
     }
   }
   return m;

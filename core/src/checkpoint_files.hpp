@@ -32,6 +32,7 @@ constexpr uint64_t kChunkSize = uint64_t{1} << 20;
 // not make it allocate or index past what exists).
 constexpr uint64_t kMaxFileSize = uint64_t{1} << 50;
 constexpr uint64_t kMaxChunkSize = uint64_t{1} << 30;
+constexpr uint64_t kMaxManifestBytes = uint64_t{64} << 20;
 
 // Writes a file durably (written, fsync'ed) through `produce`, which calls the sink with the
 // file's bytes in order; chunk_size > 0 records the chunks' checksums too. Throws Error naming

@@ -206,7 +206,7 @@ RangedFile::RangedFile(const fs::path& dir, const std::string& name, const json&
     read_bytes(0, 8, length);
     uint64_t n = 0;
     std::memcpy(&n, length, 8);  // little-endian, as the format says (and every host hasten runs on)
-    if (n <= size_ - 8) {
+    if (n <= size_ - 8 && n <= kSafetensorsMaxHeaderBytes) {  // the parser refuses a longer one
       std::vector<char> head(static_cast<size_t>(8 + n));
       read_bytes(0, 8 + n, head.data());
     }

@@ -410,6 +410,7 @@ std::string probe_file(const std::string& file, detail::ProbeCache* cache) {
 std::string unsafe_permissions(const std::string& file) {
   struct stat st {};
   char mode[8];
+  // stat follows a link: the library's own mode; the directory below is the one named.
   if (::stat(file.c_str(), &st) == 0 && (st.st_mode & S_IWOTH) != 0) {
     std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
     return std::string("world-writable (mode ") + mode + "): anyone on this machine could replace its code; `chmod o-w` it";
@@ -558,6 +559,12 @@ struct PluginRegistry::Impl {
       for (auto& f : files) {
         const std::string canon = canonical_or_same(f);
         if (!loaded_files.insert(canon).second) continue;
+        // The name as found, too: a link in a world-writable directory to a library elsewhere
+        // is as replaceable as a file there.
+        if (const std::string why = unsafe_permissions(f); !why.empty()) {
+          refusals.push_back({f, "", why});
+          continue;
+        }
         register_outcome(load_library(canon, cache_locked()));
       }
     }
@@ -623,7 +630,10 @@ PluginSelection PluginRegistry::select(PluginKind kind, const std::string& name_
     };
     collect();
     if (matches.empty() && impl_->path_refusals.count(file) == 0) {
-      LoadOutcome outcome = load_library(file, impl_->cache_locked());
+      // The path as given, too (a link's own directory), then the file it names.
+      const std::string why = unsafe_permissions(name_or_path);
+      LoadOutcome outcome = why.empty() ? load_library(file, impl_->cache_locked())
+                                        : LoadOutcome{{}, {{file, "", why}}, false};
       impl_->cache->save();
       impl_->path_refusals[file] = outcome.refusals;
       for (auto& p : outcome.plugins) impl_->path_plugins.push_back(std::move(p));
@@ -694,8 +704,11 @@ void PluginRegistry::report_skipped_files() {
 InspectResult PluginRegistry::inspect(const std::string& path) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   InspectResult result;
-  // Always probed afresh: inspect is how one finds out what is wrong with a file now.
-  LoadOutcome outcome = load_library(canonical_or_same(path), nullptr);
+  // Always probed afresh: inspect is how one finds out what is wrong with a file now. The path
+  // as given is judged too (a link's own directory), as discovery and selection do.
+  const std::string why = unsafe_permissions(path);
+  LoadOutcome outcome = why.empty() ? load_library(canonical_or_same(path), nullptr)
+                                    : LoadOutcome{{}, {{canonical_or_same(path), "", why}}, false};
   for (auto& p : outcome.plugins) result.plugins.push_back(p->info);
   result.refusals = std::move(outcome.refusals);
   result.valid = !result.plugins.empty() && result.refusals.empty();

@@ -205,7 +205,7 @@ std::unique_ptr<StoreWire> open_store(const ProcessInfo& p, const std::string& w
       // a wait that was due to be reported must still be said.
       if (Clock::now() >= next_report) {
         get_logger("hasten", false)->info("rendezvous: rank {} waiting for rank 0's store at {} ({} s of {})", p.rank,
-                                          where, waited / 1000, timeout_ms / 1000);
+                                          where, (waited + 500) / 1000, timeout_ms / 1000);
         next_report = Clock::now() + kProgressEvery - Ms(500);
       }
       if (Clock::now() + Ms(500) >= deadline)

@@ -72,9 +72,14 @@ class Client final : public StoreWire {
   // Sends one request and returns the answer's status and payload.
   std::pair<sp::Status, std::string> call(const std::string& what, sp::Op op, const std::string& key,
                                           const std::string& payload, int64_t timeout_ms) {
-    std::lock_guard<std::mutex> one_at_a_time(mutex_);
-    if (broken_) throw StoreNoAnswer("store: " + what + " refused: an earlier call to the store at " + where_ + " " + broken_why_);
+    // The deadline counts from the call, not from when the connection is free: a call queued
+    // behind another thread's long wait is held to its own.
     const auto deadline = Clock::now() + Ms(timeout_ms);
+    std::unique_lock<std::timed_mutex> one_at_a_time(mutex_, std::defer_lock);
+    if (!one_at_a_time.try_lock_until(deadline))
+      throw StoreNoAnswer("store: " + what + " got no turn on the connection to the store at " + where_ + " within " +
+                          seconds(timeout_ms) + " s (another call of this process holds it)");
+    if (broken_) throw StoreNoAnswer("store: " + what + " refused: an earlier call to the store at " + where_ + " " + broken_why_);
     const std::string frame = sp::request(op, key, payload);
     size_t sent = 0;
     while (sent < frame.size()) {
@@ -185,7 +190,7 @@ class Client final : public StoreWire {
 
   int fd_;
   std::string where_;
-  std::mutex mutex_;
+  std::timed_mutex mutex_;
   bool broken_ = false;
   std::string broken_why_;
 };

@@ -37,6 +37,8 @@ enum Status : uint8_t {
 
 inline constexpr uint32_t kMaxKey = 4096;
 inline constexpr uint32_t kMaxFrame = 64u << 20;
+// Before its hello is accepted, a connection may send no frame longer than this.
+inline constexpr uint32_t kMaxHelloFrame = 4096;
 // A connection must say hello within this; a silent one is closed.
 inline constexpr int kHelloWithinMs = 10000;
 

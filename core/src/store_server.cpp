@@ -179,20 +179,24 @@ class Server {
       }
       if (c.closing) continue;  // a refused client: what it sends is not read
       c.in.append(buf, static_cast<size_t>(n));
-      if (c.in.size() >= 4 && sp::get_u32(c.in.data()) > sp::kMaxFrame) {
-        refuse_line("closed the connection from " + c.peer + ": it sent a request of " +
-                    std::to_string(sp::get_u32(c.in.data())) + " bytes (at most " + std::to_string(sp::kMaxFrame) +
-                    " are allowed)");
-        drop(c);
-        return;
+      // Whole frames are handled as they arrive, so what is buffered is at most one frame
+      // (at most kMaxHelloFrame bytes before the hello is accepted) and one read.
+      while (c.fd >= 0 && !c.closing && c.in.size() >= 4) {
+        const uint32_t len = sp::get_u32(c.in.data());
+        const uint32_t limit = c.authenticated ? sp::kMaxFrame : sp::kMaxHelloFrame;
+        if (len > limit) {
+          refuse_line("closed the connection from " + c.peer + ": it sent a request of " + std::to_string(len) +
+                      " bytes (at most " + std::to_string(limit) + " are allowed" +
+                      (c.authenticated ? "" : " before the hello") + ")");
+          drop(c);
+          return;
+        }
+        if (c.in.size() < 4 + static_cast<size_t>(len)) break;
+        const std::string body = c.in.substr(4, len);
+        c.in.erase(0, 4 + static_cast<size_t>(len));
+        handle(c, body);
       }
-    }
-    while (c.fd >= 0 && !c.closing && c.in.size() >= 4) {
-      const uint32_t len = sp::get_u32(c.in.data());
-      if (c.in.size() < 4 + static_cast<size_t>(len)) break;
-      const std::string body = c.in.substr(4, len);
-      c.in.erase(0, 4 + static_cast<size_t>(len));
-      handle(c, body);
+      if (c.fd < 0) return;
     }
   }
 

@@ -173,8 +173,11 @@ def main():
                 f.write(text.replace(a + b, b + a))
             found = problems(layout(cc, [dlpack], d), minor_of(d), layouts)
         moved = [p for p in found if p.startswith("hasten_option_spec.")]
-        if not moved:
-            raise SystemExit("FAIL: moving hasten_option_spec.flags before help went unnoticed")
+        for minor in range(2, minor_of(sdk_include) + 1):  # hasten_option_spec exists since 1.2
+            for field in ("help", "flags"):
+                if not any(p.startswith(f"hasten_option_spec.{field} ") and f"in ABI 1.{minor} " in p for p in moved):
+                    raise SystemExit(f"FAIL: moving hasten_option_spec.{field} went unnoticed for ABI 1.{minor}:\n"
+                                     + "\n".join(found))
         print("ok: a copy of plugin.h with hasten_option_spec's help and flags swapped fails the check:")
         for p in moved:
             print("  " + p)

@@ -33,6 +33,23 @@ with tempfile.TemporaryDirectory() as d:
     os.chmod(lib, 0o644)
     os.chmod(d, 0o777)
     h.check_clean_failure(inspect(lib), "a plugin in a world-writable directory", "in the world-writable directory")
+    # A link in a world-writable directory to a safe library elsewhere is as replaceable.
+    safe = os.path.join(d, "safe")
+    os.makedirs(safe, mode=0o755)
+    shutil.move(lib, os.path.join(safe, "libhasten-tracker-copy.so"))
+    os.chmod(d, 0o755)
+    open_dir = os.path.join(d, "open")
+    os.makedirs(open_dir)
+    os.chmod(open_dir, 0o777)
+    link = os.path.join(open_dir, "libhasten-tracker-linked.so")
+    os.symlink(os.path.join(safe, "libhasten-tracker-copy.so"), link)
+    h.check_clean_failure(inspect(link), "a link to a plugin, in a world-writable directory",
+                          "in the world-writable directory")
+    p = h.run(h.hasten("plugins"), env={"HASTEN_PLUGIN_PATH": open_dir})
+    if "in the world-writable directory '" + open_dir not in p.stdout + p.stderr:
+        h.fail(f"discovery loaded a link in a world-writable directory:\n{p.stdout}\n{p.stderr}")
+    shutil.move(os.path.join(safe, "libhasten-tracker-copy.so"), lib)
+    os.chmod(d, 0o777)
     os.chmod(d, 0o1777)  # sticky, as /tmp: only a file's owner may replace it
     p = inspect(lib)
     if p.returncode != 0:

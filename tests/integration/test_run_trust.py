@@ -233,6 +233,8 @@ if m0.returncode != 0 or m1.returncode != 0:
     h.fail(f"the run across machines failed after the refused JOINs ({m0.returncode}, {m1.returncode}):\n{err0}\n{err1}")
 if err0.count("refused a launcher from 127.0.0.1") != 2:
     h.fail(f"machine 0's launcher did not name each refused JOIN in one line:\n{err0}")
+if "closed the connection from 127.0.0.1: it sent a line longer than 16384 bytes" not in err0:
+    h.fail(f"machine 0's launcher did not name the flooding connection:\n{err0}")
 if token in out0 + err0 + out1 + err1:
     h.fail("the run token was printed")
 print("ok: machine 0's launcher listens on 127.0.0.1, refused 2 JOINs and a flood, then ran with machine 1")

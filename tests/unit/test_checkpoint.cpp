@@ -312,6 +312,15 @@ TEST(Checkpoint, AnExplicitDirectoryIsReplacedAtomicallyAndMismatchesAreNamed) {
             std::string::npos)
       << refused;
   EXPECT_TRUE(fs::exists(dir.path() / "notes" / "todo.txt"));
+  // A file, or a link to a checkpoint, at the target is refused and left as it is.
+  std::ofstream(dir.path() / "afile") << "data\n";
+  refused = error_of([&] { run.acc->save_state((dir.path() / "afile").string()); });
+  EXPECT_NE(refused.find("afile' exists and is not a hasten checkpoint (not a directory)"), std::string::npos) << refused;
+  fs::create_directory_symlink(target, dir.path() / "alink");
+  refused = error_of([&] { run.acc->save_state((dir.path() / "alink").string()); });
+  EXPECT_NE(refused.find("alink' exists and is not a hasten checkpoint (a symbolic link)"), std::string::npos) << refused;
+  EXPECT_TRUE(fs::is_symlink(dir.path() / "alink"));
+  EXPECT_TRUE(fs::exists(target / "manifest.json"));
   // A web project's manifest.json does not make a directory a checkpoint.
   fs::create_directories(dir.path() / "site");
   std::ofstream(dir.path() / "site" / "manifest.json") << R"({"name": "my app", "files": {}})";
