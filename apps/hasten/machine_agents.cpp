@@ -78,14 +78,6 @@ std::vector<std::string> split_fields(const std::string& line, size_t fields) {
   return out;
 }
 
-// Compares in time that does not depend on where the tokens first differ.
-bool same_token(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 int to_int(const std::string& s, int fallback = -1) {
   try {
     size_t used = 0;
@@ -262,7 +254,7 @@ class Coordinator {
       const std::string token = j.size() > 2 ? j[2] : "";
       std::string refusal;
       if (p.machine >= 0) return;  // joined already
-      if (!same_token(token, s_.token)) {
+      if (!detail::same_secret(token, s_.token)) {
         refuse_line("refused a launcher from " + p.address + ": " +
                     (token.empty() ? "it presented no run token" : "it presented another run's token") + " (" +
                     detail::kRunTokenVariable + ")");

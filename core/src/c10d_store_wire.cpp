@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "store_client.hpp"
+#include "text_util.hpp"
 
 namespace hasten::detail {
 
@@ -18,12 +19,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using Ms = std::chrono::milliseconds;
-
-std::string seconds(int64_t ms) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(ms) / 1000.0);
-  return buf;
-}
 
 // The outcome of one call, shared with the thread that makes it: a thread stuck in a call
 // that never returns keeps it alive after the caller has given up.
@@ -108,7 +103,7 @@ class C10dWire final : public StoreWire {
       const auto took = std::chrono::duration_cast<Ms>(Clock::now() - start).count();
       const bool timed_out = failure.find("imeout") != std::string::npos || failure.find("timed out") != std::string::npos;
       if (timed_out || took + 100 >= wait_ms)
-        throw StoreKeyTimeout("store: key '" + key + "' did not appear within " + seconds(wait_ms) + " s");
+        throw StoreKeyTimeout("store: key '" + key + "' did not appear within " + seconds_text(wait_ms) + " s");
       throw;
     }
   }
@@ -139,9 +134,9 @@ class C10dWire final : public StoreWire {
       throw StoreClosed("store: " + what + " failed at the store at " + where_ + ": " + why.substr(0, why.find('\n')));
     }
     if (!done) {
-      broken_why_ = "got no answer within " + seconds(timeout_ms) + " s";
+      broken_why_ = "got no answer within " + seconds_text(timeout_ms) + " s";
       broken_ = true;
-      throw StoreNoAnswer("store: " + what + " got no answer from the store at " + where_ + " within " + seconds(timeout_ms) +
+      throw StoreNoAnswer("store: " + what + " got no answer from the store at " + where_ + " within " + seconds_text(timeout_ms) +
                           " s (its host stopped, or something that is not a torch store answers on that port)");
     }
   }

@@ -30,6 +30,17 @@ namespace {
   throw Error("checkpoint: cannot " + what + " '" + path.string() + "': " + std::strerror(errno));
 }
 
+// Writes all of p[0, size) to fd; throws naming path.
+void write_all(int fd, const char* p, size_t size, const fs::path& path) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) io_error("write", path);
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
 void fsync_path(const fs::path& path, bool directory) {
   const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
   if (fd < 0) io_error("open", path);
@@ -73,13 +84,7 @@ FileRecord write_file(const fs::path& dir, const std::string& name, const std::f
         done += n;
       }
       rec.size += size;
-      while (size > 0) {
-        const ssize_t n = ::write(fd, p, size);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) io_error("write", path);
-        p += n;
-        size -= static_cast<size_t>(n);
-      }
+      write_all(fd, p, size, path);
     });
     if (::fsync(fd) != 0) io_error("flush", path);
   } catch (...) {
@@ -96,16 +101,7 @@ void replace_file(const fs::path& path, const std::function<void(const ByteSink&
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) io_error("create", tmp);
   try {
-    produce([&](const void* data, size_t size) {
-      const auto* p = static_cast<const char*>(data);
-      while (size > 0) {
-        const ssize_t n = ::write(fd, p, size);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) io_error("write", tmp);
-        p += n;
-        size -= static_cast<size_t>(n);
-      }
-    });
+    produce([&](const void* data, size_t size) { write_all(fd, static_cast<const char*>(data), size, tmp); });
     if (::fsync(fd) != 0) io_error("flush", tmp);
     if (::close(fd) != 0) {
       ::unlink(tmp.c_str());

@@ -57,6 +57,13 @@ void check_run_token(const std::string& token) {
                       "); `openssl rand -hex 16` makes one");
 }
 
+bool same_secret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
 std::string printable(const std::string& text, size_t max_chars) {
   std::string out;
   for (unsigned char ch : text) {

@@ -38,12 +38,6 @@ using Ms = std::chrono::milliseconds;
 // How often a rank that waits says what for.
 constexpr Ms kProgressEvery{10000};
 
-std::string seconds(int64_t ms) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(ms) / 1000.0);
-  return buf;
-}
-
 // One connection to the run's store per process (rank 0: also the store's host), shared by
 // every Accelerator the process makes: a second Accelerator, alive with the first or made
 // after it, must not bind the port again (it is taken) nor lose the store its peers still
@@ -122,7 +116,7 @@ class TcpStore final : public Store {
     try {
       return c_->wire->wait_get(keys_ + k, wait_ms);
     } catch (const StoreKeyTimeout&) {
-      throw Error("store: key '" + k + "' did not appear within " + seconds(wait_ms) + " s (a rank is missing or stuck)");
+      throw Error("store: key '" + k + "' did not appear within " + seconds_text(wait_ms) + " s (a rank is missing or stuck)");
     } catch (const StoreClosed& e) {
       throw Error("store: the store at " + c_->where + " closed the connection while waiting for key '" + k +
                   "' (its host failed or exited): " + std::string(e.what()));
@@ -210,7 +204,7 @@ std::unique_ptr<StoreWire> open_store(const ProcessInfo& p, const std::string& w
       }
       if (Clock::now() + Ms(500) >= deadline)
         throw Error("rendezvous: rank " + std::to_string(p.rank) + " could not reach rank 0's store at " + where +
-                    " within " + seconds(timeout_ms) + " s (rank 0 never started or is unreachable): " + why);
+                    " within " + seconds_text(timeout_ms) + " s (rank 0 never started or is unreachable): " + why);
       // An attempt that failed at once (nothing listens yet) is not repeated in a busy loop.
       if (early)
         std::this_thread::sleep_for(Ms(20));
@@ -316,7 +310,7 @@ std::unique_ptr<Store> rendezvous(const ProcessInfo& p, int64_t timeout_ms) {
     };
     while (store->add(rdzv + "arrived", 0) < p.world_size) {
       if (Clock::now() > deadline)
-        throw Error("rendezvous timed out after " + seconds(timeout_ms) + " s at " + where + ": " + missing_ranks() +
+        throw Error("rendezvous timed out after " + seconds_text(timeout_ms) + " s at " + where + ": " + missing_ranks() +
                     " never joined");
       if (Clock::now() >= next_report) {
         get_logger()->info("rendezvous: waiting for {} at {} ({} s of {})", missing_ranks(), where, waited_s(),
@@ -331,7 +325,7 @@ std::unique_ptr<Store> rendezvous(const ProcessInfo& p, int64_t timeout_ms) {
     // exits cannot take the store away from a rank still inside rendezvous.
     while (store->add(rdzv + "left", 0) < p.world_size - 1) {
       if (Clock::now() > deadline)
-        throw Error("rendezvous timed out after " + seconds(timeout_ms) + " s at " + where +
+        throw Error("rendezvous timed out after " + seconds_text(timeout_ms) + " s at " + where +
                     ": the other ranks joined but did not all finish");
       std::this_thread::sleep_for(Ms(1));
     }
@@ -351,7 +345,7 @@ std::unique_ptr<Store> rendezvous(const ProcessInfo& p, int64_t timeout_ms) {
         if (what.find("did not appear") == std::string::npos) throw;  // no answer at all: named already
       }
       if (Clock::now() >= deadline)
-        throw Error("rendezvous timed out after " + seconds(timeout_ms) + " s at " + where + ": rank " +
+        throw Error("rendezvous timed out after " + seconds_text(timeout_ms) + " s at " + where + ": rank " +
                     std::to_string(p.rank) + " waited for the other ranks (rank 0 names the missing ones)");
       get_logger("hasten", false)->info("rendezvous: rank {} waiting for rank 0 to see all {} ranks at {} ({} s of {})", p.rank,
                          p.world_size, where, waited_s(), timeout_ms / 1000);

@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "store_protocol.hpp"
+#include "text_util.hpp"
 
 namespace hasten::detail {
 
@@ -21,12 +22,6 @@ namespace {
 namespace sp = store_protocol;
 using Clock = std::chrono::steady_clock;
 using Ms = std::chrono::milliseconds;
-
-std::string seconds(int64_t ms) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(ms) / 1000.0);
-  return buf;
-}
 
 int ms_left(Clock::time_point deadline) {
   return static_cast<int>(std::max<int64_t>(0, std::chrono::duration_cast<Ms>(deadline - Clock::now()).count()));
@@ -78,7 +73,7 @@ class Client final : public StoreWire {
     std::unique_lock<std::timed_mutex> one_at_a_time(mutex_, std::defer_lock);
     if (!one_at_a_time.try_lock_until(deadline))
       throw StoreNoAnswer("store: " + what + " got no turn on the connection to the store at " + where_ + " within " +
-                          seconds(timeout_ms) + " s (another call of this process holds it)");
+                          seconds_text(timeout_ms) + " s (another call of this process holds it)");
     if (broken_) throw StoreNoAnswer("store: " + what + " refused: an earlier call to the store at " + where_ + " " + broken_why_);
     const std::string frame = sp::request(op, key, payload);
     size_t sent = 0;
@@ -119,7 +114,7 @@ class Client final : public StoreWire {
     // The store answers at wait_ms; the margin is for one that never does.
     auto [status, payload] = call(what, sp::kWait, key, ms, wait_ms + 2000);
     if (status == sp::kTimeout)
-      throw StoreKeyTimeout("store: key '" + key + "' did not appear within " + seconds(wait_ms) + " s");
+      throw StoreKeyTimeout("store: key '" + key + "' did not appear within " + seconds_text(wait_ms) + " s");
     expect_ok(what, {status, payload});
     return {payload.begin(), payload.end()};
   }
@@ -163,8 +158,8 @@ class Client final : public StoreWire {
       const int rc = ::poll(&p, 1, ms_left(deadline));
       if (rc > 0) return;
       if (rc < 0 && errno == EINTR) continue;
-      broken("got no answer within " + seconds(timeout_ms) + " s");
-      throw StoreNoAnswer("store: " + what + " got no answer from the store at " + where_ + " within " + seconds(timeout_ms) +
+      broken("got no answer within " + seconds_text(timeout_ms) + " s");
+      throw StoreNoAnswer("store: " + what + " got no answer from the store at " + where_ + " within " + seconds_text(timeout_ms) +
                           " s (its host stopped, or something that is not a hasten store answers on that port)");
     }
   }

@@ -79,13 +79,4 @@ inline std::string answer(Status status, const std::string& payload) {
   return frame + payload;
 }
 
-// Compares in time that does not depend on where a and b first differ (a token's length is
-// not secret: hasten's are 32 hex digits).
-inline bool same_secret(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 }  // namespace hasten::detail::store_protocol

@@ -218,7 +218,7 @@ class Server {
         reply(c, sp::kRefused, "this store speaks " + std::string(sp::kName) + " and expects a hello first");
         return;
       }
-      if (!sp::same_secret(payload, options_.token)) {
+      if (!same_secret(payload, options_.token)) {
         refuse_line("refused the connection from " + c.peer + ": " +
                     (payload.empty() ? "it presented no run token" : "it presented another run's token") +
                     " (HASTEN_RUN_TOKEN)");

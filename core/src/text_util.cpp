@@ -1,5 +1,7 @@
 #include "text_util.hpp"
 
+#include <cstdio>
+
 #include <algorithm>
 #include <cctype>
 
@@ -53,6 +55,12 @@ std::string trim(const std::string& s) {
   while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
   while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
   return s.substr(b, e - b);
+}
+
+std::string seconds_text(int64_t ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(ms) / 1000.0);
+  return buf;
 }
 
 }  // namespace hasten::detail

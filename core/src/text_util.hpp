@@ -1,6 +1,7 @@
 // Small string helpers for messages: joining lists and suggesting a near match.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,8 @@ std::string join(const std::vector<std::string>& items, const std::string& sep);
 std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
 
 std::string to_lower(std::string s);
+// Milliseconds as seconds with one decimal ("3.0"), as deadlines are said in messages.
+std::string seconds_text(int64_t ms);
 std::string trim(const std::string& s);
 
 }  // namespace hasten::detail

@@ -702,20 +702,6 @@ TEST(Weights, SaveModelShardsByteSizeAndLoadWeightsReproducesTheModel) {
   EXPECT_NE(error_of([] { hasten::parse_size("ten GB"); }).find("'ten GB' is not a size"), std::string::npos);
 }
 
-namespace {
-// CRC-32C (Castagnoli), bit by bit: the manifest's checksum of a file edited by the test.
-std::string crc32c_text(const std::string& bytes) {
-  uint32_t crc = 0xFFFFFFFFu;
-  for (unsigned char c : bytes) {
-    crc ^= c;
-    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
-  }
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%08x", crc ^ 0xFFFFFFFFu);
-  return buf;
-}
-}  // namespace
-
 // Saving the weights again into the same directory with fewer shards left the old shards
 // next to an index that no longer named them.
 TEST(Weights, SavingAgainRemovesTheShardsOfTheEarlierSave) {
@@ -775,7 +761,7 @@ TEST(Checkpoint, AMalformedStateFileAndALoadInsideTheLoopAreClearErrors) {
   auto& entry = manifest["files"]["hasten_state.json"];
   ASSERT_FALSE(entry.is_null()) << manifest.dump();
   entry["size"] = text.size();
-  entry["crc32c"] = crc32c_text(text);
+  entry["crc32c"] = hasten::test::crc32c_text(text);
   std::ofstream(ckpt / "manifest.json") << manifest.dump();
   const std::string e = error_of([&] { train("single", parts, 10, false, false, b, ckpt.string()); });
   EXPECT_NE(e.find("hasten_state.json' is malformed: world_size must be an integer"), std::string::npos) << e;
@@ -796,11 +782,11 @@ TEST(Checkpoint, TheManifestChecksumOfALargeFileIsItsCrc32c) {
   const auto manifest = nlohmann::json::parse(hasten::test::TempDir::read_file(ckpt / "manifest.json"));
   const std::string bytes = hasten::test::TempDir::read_file(ckpt / "model.safetensors");
   ASSERT_GT(bytes.size(), 1100000u);
-  EXPECT_EQ(manifest["files"]["model.safetensors"]["crc32c"].get<std::string>(), crc32c_text(bytes));
+  EXPECT_EQ(manifest["files"]["model.safetensors"]["crc32c"].get<std::string>(), hasten::test::crc32c_text(bytes));
   // And each 1 MiB chunk's, for the ranks that read only slices.
   const auto& chunks = manifest["files"]["model.safetensors"]["chunks"];
   ASSERT_EQ(chunks.size(), 2u);
-  EXPECT_EQ(chunks[0].get<std::string>(), crc32c_text(bytes.substr(0, 1 << 20)));
-  EXPECT_EQ(chunks[1].get<std::string>(), crc32c_text(bytes.substr(1 << 20)));
+  EXPECT_EQ(chunks[0].get<std::string>(), hasten::test::crc32c_text(bytes.substr(0, 1 << 20)));
+  EXPECT_EQ(chunks[1].get<std::string>(), hasten::test::crc32c_text(bytes.substr(1 << 20)));
   EXPECT_EQ(acc.load_state(ckpt.string()), ckpt.string());
 }

@@ -31,17 +31,6 @@ void write_all(const fs::path& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-std::string crc32c_text(const std::string& bytes) {
-  uint32_t crc = 0xFFFFFFFFu;
-  for (unsigned char c : bytes) {
-    crc ^= c;
-    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
-  }
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%08x", crc ^ 0xFFFFFFFFu);
-  return buf;
-}
-
 class JsonMutator {
  public:
   explicit JsonMutator(uint64_t seed) : rng_(seed) {}
@@ -127,7 +116,7 @@ TEST(CheckpointFuzz, MutatedManifestsAndStateFilesLoadOrEndInOneError) {
       write_all(ckpt / "hasten_state.json", text);
       auto m = nlohmann::json::parse(manifest);
       m["files"]["hasten_state.json"]["size"] = text.size();
-      m["files"]["hasten_state.json"]["crc32c"] = crc32c_text(text);
+      m["files"]["hasten_state.json"]["crc32c"] = hasten::test::crc32c_text(text);
       write_all(ckpt / "manifest.json", m.dump(1));
     }
     try {

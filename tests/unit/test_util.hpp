@@ -1,6 +1,8 @@
 // Helpers shared by the unit tests.
 #pragma once
 
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -64,6 +66,19 @@ inline hasten::LaunchOptions with_ranks(int n, std::map<std::string, std::string
   o.env["HASTEN_HOME"] = private_home().string();
   o.env.emplace("HASTEN_TIMEOUT_S", "60");
   return o;
+}
+
+// CRC-32C (Castagnoli), bit by bit, as 8 hex digits: the manifest's checksum of a file a
+// test edited.
+inline std::string crc32c_text(const std::string& bytes) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (unsigned char c : bytes) {
+    crc ^= c;
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+  }
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", crc ^ 0xFFFFFFFFu);
+  return buf;
 }
 
 // Fails a rank (and so the launch, which names the rank and this message) when `ok` is false.

@@ -35,6 +35,10 @@ inline constexpr const char* kRunTokenVariable = "HASTEN_RUN_TOKEN";
 // non-space ASCII characters.
 void check_run_token(const std::string& token);
 
+// Whether two secrets are equal, compared in time that does not depend on where they first
+// differ (their length is not secret: hasten's tokens are 32 hex digits).
+bool same_secret(const std::string& a, const std::string& b);
+
 // text with every control character (terminal escapes included) and every byte outside
 // printable ASCII shown as '?', cut to max_chars: what a launcher prints of anything a
 // network peer or a worker sent it.
