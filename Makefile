@@ -8,7 +8,7 @@ CTEST_ARGS ?=
 # bench scripts and their PyTorch and accelerate peers run on it, never on the system's python3.
 PYTHON ?= .venv/bin/python
 
-.PHONY: all deps configure build test test-slow fuzz demo bench install clean
+.PHONY: all deps configure build build-demo test test-fast test-slow fuzz demo bench install clean
 
 all: build
 
@@ -21,10 +21,19 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# Only what `make demo` runs: the CLI, the Fashion-MNIST example and the plugins (no tests).
+build-demo: configure
+	@cmake --build $(BUILD_DIR) -j $(JOBS) --target hasten_demo
+
 # Tests labelled slow (the parity tests under every CPU kernel family, MKL or OpenBLAS) are left out;
 # `make test-slow` runs them.
 test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE '^slow$$' $(CTEST_ARGS)
+
+# The unit tests and the quick integration tests (ctest labels unit and quick): a few minutes
+# after a build, for the edit-build-test loop; `make test` stays what CI runs.
+test-fast: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -L '^(unit|quick)$$' $(CTEST_ARGS)
 
 test-slow: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -L '^slow$$' $(CTEST_ARGS)
@@ -34,7 +43,7 @@ test-slow: build
 fuzz: build
 	@bash scripts/fuzz.sh $(BUILD_DIR) $(FUZZ_SEED) $(FUZZ_SECONDS)
 
-demo: build
+demo: build-demo
 	@bash scripts/demo.sh $(BUILD_DIR)
 
 # Not part of `make test` (no timing in tests): hasten vs the plain LibTorch loop vs PyTorch

@@ -145,7 +145,7 @@ def read_split(data_dir, prefix):
 # --- hasten's DataLoader, replicated ----------------------------------------------------------
 
 class Shard:
-    """Rank `rank`'s batches of one epoch (core/src/data_loader.cpp: make_epoch_plan and
+    """Rank `rank`'s batches of one epoch (core/src/data/data_loader.cpp: make_epoch_plan and
     EpochPlan::batch with drop_last false, even_batches true, split_batches false)."""
 
     def __init__(self, n, batch, world, rank, shuffle, seed, epoch):

@@ -4,8 +4,8 @@
 # Builds a hasten plugin library lib<hasten-KIND-NAME>.so: hidden visibility, only
 # hasten_plugin_entry_v* exported, no undefined symbols. C-tier plugins (tracker, comm) link
 # nothing of hasten or LibTorch; TORCH builds a torch-tier plugin (strategy, precision): it
-# links LibTorch and defines HASTEN_PLUGIN_TORCH_TIER, which bakes the LibTorch build
-# fingerprint into its descriptors. Works in hasten's tree and, after find_package(hasten),
+# links LibTorch; its sources include <hasten/plugin_torch.hpp>, whose descriptors carry the
+# LibTorch build fingerprint. Works in hasten's tree and, after find_package(hasten),
 # out of tree.
 set(_HASTEN_PLUGIN_CMAKE_DIR ${CMAKE_CURRENT_LIST_DIR})
 

@@ -6,7 +6,7 @@
 # the tracker writes its lines in a training, and the comm plugin carries a two-process
 # training to the losses the first-party shm backend gives, every collective of every dtype
 # (three ranks, chunked) and a dead peer as an error.
-# Usage: c_plugins.sh BUILD_DIR TORCH_TESTS (the hasten_torch_tests executable)
+# Usage: c_plugins.sh BUILD_DIR TORCH_TESTS (the hasten_rank_tests executable)
 set -euo pipefail
 build_dir=$1
 torch_tests=$2

@@ -109,7 +109,7 @@ def read_table(path):
 
 # The one layout change made on purpose, with what keeps old plugins working: 1.1 put
 # HASTEN_STRUCT_HEADER in front of hasten_scalar, and the host hands a tracker whose vtable
-# says 1.0 the 1.0 layout {name, value} (core/src/tracker_instance.hpp).
+# says 1.0 the 1.0 layout {name, value} (core/src/trackers/tracker_instance.hpp).
 ALLOWED_MOVES = {("hasten_scalar.name", 0), ("hasten_scalar.value", 0)}
 
 

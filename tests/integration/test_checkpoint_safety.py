@@ -2,7 +2,7 @@
 point of save_state into an existing directory leaves a checkpoint that loads, the previous one
 or the new one, never neither; with an atomic swap (renameat2) and without it (the set-aside
 path, forced by HASTEN_TEST_NO_RENAME_EXCHANGE). The injection points exist in test builds
-only (core/src/test_hooks.hpp)."""
+only (core/src/util/test_hooks.hpp)."""
 import os
 import shutil
 import signal

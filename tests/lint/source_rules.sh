@@ -4,6 +4,9 @@
 #     file tests TORCH_VERSION_MAJOR/MINOR/PATCH (TORCH_VERSION as a string, for reports, is fine).
 #  2. Tests and scripts run the project's Python (.venv, HASTEN_TEST_PYTHON), whose torch is the
 #     LibTorch hasten builds against: never Debian's /usr/bin/python3.
+#  3. No file under core/ is over 500 lines (a file that grows past it is two jobs).
+#  4. The core only routes: no first-party comm plugin's name and no strategy plugin's option key
+#     appears in core code as a string (comments aside): plugins own their vocabulary.
 set -euo pipefail
 root=${1:?usage: source_rules.sh SOURCE_DIR}
 cd "$root"
@@ -21,5 +24,24 @@ if [ -n "$pythons" ]; then
   echo "$pythons"
   status=1
 fi
+long=$(find core -name '*.cpp' -o -name '*.hpp' -o -name '*.h' | sort | xargs wc -l | awk '$2 != "total" && $1 > 500')
+if [ -n "$long" ]; then
+  echo "files under core/ over 500 lines (split them by job):"
+  echo "$long"
+  status=1
+fi
+comm_names=$(ls -d plugins/comm/*/ | xargs -n1 basename | grep -v '^common$')
+option_keys=$(grep -rhoE 'OptionSpec\("[a-z_0-9]+"|\{ *"[a-z_0-9]+", *HASTEN_OPTION_' plugins/strategy | grep -oE '"[a-z_0-9]+"' | tr -d '"' | sort -u)
+[ -n "$option_keys" ] || { echo "found no strategy option keys in plugins/strategy (the rule's pattern is stale)"; status=1; }
+# "version": the sharded plugin's fsdp version, and also a field of the core's own file formats.
+option_keys=$(echo "$option_keys" | grep -vx 'version')
+for word in $comm_names $option_keys; do
+  hits=$(grep -rn --include='*.cpp' --include='*.hpp' "\"$word\"" core | grep -vE '^[^:]+:[0-9]+:\s*//' || true)
+  if [ -n "$hits" ]; then
+    echo "the plugin word \"$word\" in core code (the plugin owns it; the core routes):"
+    echo "$hits"
+    status=1
+  fi
+done
 [ "$status" -eq 0 ] && echo "source rules hold"
 exit "$status"

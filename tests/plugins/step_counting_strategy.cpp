@@ -1,7 +1,7 @@
 // A torch-tier strategy built with the SDK that counts the calls it receives, so tests can
 // see exactly when the host calls which slot. Counts go to the file named by its option
 // "trace_file" as one line per call: "<slot> <argument>".
-#include <hasten/plugin.hpp>
+#include <hasten/plugin_torch.hpp>
 
 #include <fstream>
 

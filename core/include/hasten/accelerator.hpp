@@ -4,7 +4,7 @@
 //   hasten::Accelerator acc;                                  // defaults < file < env < code
 //   auto [model, opt, loader, sched] = acc.prepare(net, optimizer, data, scheduler);
 //   for (auto& batch : loader) {
-//     auto step = acc.accumulate(model);                      // decides sync for this batch
+//     auto scope = acc.accumulate(model);                      // decides sync for this batch
 //     auto loss = torch::nn::functional::cross_entropy(model(batch.input), batch.target);
 //     acc.backward(loss);
 //     if (acc.sync_gradients()) acc.clip_grad_norm_(model, 1.0);
@@ -21,6 +21,7 @@
 #include <hasten/config.hpp>
 #include <hasten/data.hpp>
 #include <hasten/detail/engine.hpp>
+#include <hasten/detail/prepare.hpp>
 #include <hasten/detail/prepare_traits.hpp>
 #include <hasten/error.hpp>
 #include <hasten/logging.hpp>
@@ -82,9 +83,9 @@ class Accelerator {
   template <class... T>
   auto prepare(T&&... objects) {
     static_assert(sizeof...(T) > 0, "prepare() needs at least one object");
-    (check_preparable<T>(), ...);
-    (prepare_model_pass(objects), ...);
-    std::tuple<typename detail::prepared<T>::type...> out{prepare_one(std::forward<T>(objects))...};
+    (detail::check_preparable<T>(), ...);
+    (detail::prepare_model_pass(*engine_, objects), ...);
+    std::tuple<typename detail::prepared<T>::type...> out{detail::prepare_one(engine_, std::forward<T>(objects))...};
     if constexpr (sizeof...(T) == 1)
       return std::get<0>(std::move(out));
     else
@@ -469,76 +470,6 @@ class Accelerator {
     if (index < 0 || index >= count)
       throw UsageError(std::string(what) + ": process index " + std::to_string(index) + " is out of range [0, " +
                        std::to_string(count) + ")");
-  }
-
-  // One static_assert per argument, chosen so that a LibTorch loader or a bare dataset gets
-  // the message that says what to do instead.
-  template <class T>
-  static constexpr void check_preparable() {
-    using D = std::decay_t<T>;
-    if constexpr (detail::is_model_v<T> || detail::is_optimizer_v<T> || detail::is_scheduler_v<T> ||
-                  detail::is_loader_v<T>) {
-      if constexpr ((detail::is_optimizer_v<T> || detail::is_scheduler_v<T>) &&
-                    !detail::is_shared_ptr<D>::value)
-        static_assert(std::is_lvalue_reference_v<T>,
-                      "pass optimizers and schedulers as lvalues (you keep them alive) or as "
-                      "shared_ptr");
-    } else if constexpr (detail::is_torch_loader_v<T>) {
-      static_assert(detail::always_false<T>,
-                    "wrap the dataset in hasten::DataLoader(dataset, {.batch_size = ...}): prepare() "
-                    "does not take LibTorch data loaders (torch::data::make_data_loader); "
-                    "hasten::DataLoader shards the dataset across processes and its batches keep "
-                    "LibTorch's .data and .target");
-    } else if constexpr (detail::is_torch_dataset_v<D> || detail::is_hasten_dataset_v<D>) {
-      static_assert(detail::always_false<T>,
-                    "wrap the dataset in hasten::DataLoader(dataset, {.batch_size = ...}): prepare() "
-                    "takes data loaders, not datasets");
-    } else {
-      static_assert(detail::always_false<T>,
-                    "prepare() takes models (shared_ptr<Module> or module holders), optimizers, "
-                    "schedulers and hasten::DataLoader objects");
-    }
-  }
-
-  template <class T>
-  void prepare_model_pass(T& object) {
-    if constexpr (detail::is_model_v<T>) {
-      auto ptr = detail::module_ptr(object);
-      if (!engine_->find_model(ptr.get())) engine_->add_model(ptr);
-    }
-  }
-
-  template <class T>
-  typename detail::prepared<T>::type prepare_one(T&& object) {
-    using D = std::decay_t<T>;
-    if constexpr (detail::is_model_v<T>) {
-      auto ptr = detail::module_ptr(object);
-      return PreparedModel<D>(object, engine_, *engine_->find_model(ptr.get()));
-    } else if constexpr (detail::is_optimizer_v<T>) {
-      if constexpr (detail::is_shared_ptr<D>::value)
-        return PreparedOptimizer(engine_, engine_->add_optimizer(*object, object));
-      else
-        return PreparedOptimizer(engine_, engine_->add_optimizer(object, nullptr));
-    } else if constexpr (detail::is_scheduler_v<T>) {
-      using S = detail::bare_t<T>;
-      if constexpr (detail::is_shared_ptr<D>::value)
-        return PreparedScheduler<S>(object, engine_);
-      else  // borrowed: the caller keeps it alive
-        return PreparedScheduler<S>(std::shared_ptr<S>(std::shared_ptr<S>(), &object), engine_);
-    } else if constexpr (std::is_same_v<typename detail::prepared<T>::type, detail::unpreparable>) {
-      return {};  // refused by check_preparable or by DataLoader: no second error
-    } else {
-      using Dataset = typename D::dataset_type;
-      if constexpr (detail::is_stream_dataset_v<Dataset>) {
-        const size_t id = engine_->add_stream_loader(object.options());
-        return PreparedDataLoader<Dataset>(object.dataset_ptr(), engine_, id, engine_->device(),
-                                           object.options().drop_last);
-      } else {
-        const size_t id = engine_->add_loader(static_cast<int64_t>(object.dataset_size()),
-                                              object.options());
-        return PreparedDataLoader<Dataset>(object.dataset_ptr(), engine_, id, engine_->device());
-      }
-    }
   }
 
   std::shared_ptr<detail::Engine> engine_;

@@ -4,7 +4,7 @@
 // no forward allocates.
 #pragma once
 
-#include <hasten/plugin.hpp>
+#include <hasten/plugin_torch.hpp>
 #include <hasten/torch_compat.hpp>
 
 #include <vector>

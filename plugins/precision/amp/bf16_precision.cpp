@@ -1,6 +1,6 @@
 // Precision "bf16": forward under autocast to bfloat16 (LibTorch's CPU autocast, or CUDA's);
 // weights, gradients and optimizer state stay float32 and no loss scaling is needed.
-#include <hasten/plugin.hpp>
+#include <hasten/plugin_torch.hpp>
 
 #include "autocast.hpp"
 #include "descriptors.hpp"

@@ -3,7 +3,7 @@
 // (the check_device slot, called by the Accelerator constructor), unless
 // precision_options.cpu_scaler_only is true: then the forward stays float32 and only the loss
 // scaler runs (to exercise scaling and step skipping on machines without a GPU).
-#include <hasten/plugin.hpp>
+#include <hasten/plugin_torch.hpp>
 
 #include "autocast.hpp"
 #include "descriptors.hpp"

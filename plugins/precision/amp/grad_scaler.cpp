@@ -1,6 +1,6 @@
 #include "grad_scaler.hpp"
 
-#include <hasten/plugin.hpp>
+#include <hasten/plugin_torch.hpp>
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 

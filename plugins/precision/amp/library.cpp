@@ -1,5 +1,5 @@
 // Entry point of libhasten-precision-amp.so: precision plugins "no", "bf16" and "fp16".
-#include <hasten/plugin.hpp>
+#include <hasten/plugin_torch.hpp>
 
 #include "descriptors.hpp"
 

@@ -1,6 +1,6 @@
 // Precision "no": float32 throughout. It fills no optional slot, so the host never calls it
 // during training.
-#include <hasten/plugin.hpp>
+#include <hasten/plugin_torch.hpp>
 
 #include "descriptors.hpp"
 

@@ -9,7 +9,7 @@
 // predecessors), so every rank issues the same collectives in the same order whatever order
 // autograd finishes in. after_backward launches what is left (buckets with parameters this
 // backward did not use) and waits for everything. No tensor is allocated per step.
-#include <hasten/plugin.hpp>
+#include <hasten/plugin_torch.hpp>
 #include <hasten/torch_compat.hpp>
 
 #include <atomic>

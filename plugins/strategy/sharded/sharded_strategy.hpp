@@ -19,7 +19,8 @@
 // kept, so any element-wise torch::optim optimizer trains the shards.
 #pragma once
 
-#include <hasten/plugin.hpp>
+#include <hasten/plugin_torch.hpp>
+#include <hasten/plugin_optimizer_state.hpp>
 
 #include "buffer_pool.hpp"
 

@@ -1,6 +1,6 @@
 // Strategy "single": one process, one device. The model moves to the run's device; nothing
 // is wrapped, synchronised or sharded, so every other slot stays NULL and costs nothing.
-#include <hasten/plugin.hpp>
+#include <hasten/plugin_torch.hpp>
 
 namespace {
 

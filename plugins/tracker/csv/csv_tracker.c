@@ -84,7 +84,7 @@ static void write_row(FILE* f, const csv_tracker* t, const row_t* r) {
 }
 
 #ifdef HASTEN_TEST_HOOKS
-/* Test builds only (core/src/test_hooks.hpp): HASTEN_TEST_CRASH_AT=POINT:N kills the process
+/* Test builds only (core/src/util/test_hooks.hpp): HASTEN_TEST_CRASH_AT=POINT:N kills the process
  * the N-th time it reaches POINT. */
 static void test_point(const char* point) {
   static unsigned arrivals[2];

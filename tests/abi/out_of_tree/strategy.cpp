@@ -3,7 +3,7 @@
 // owns a vocabulary the core has never heard of: the config section `oot_config` and the
 // distributed_type value OOT_COUNTING, so that a config file selects and sets it like
 // Accelerate's own strategies.
-#include <hasten/plugin.hpp>
+#include <hasten/plugin_torch.hpp>
 
 #include <fstream>
 

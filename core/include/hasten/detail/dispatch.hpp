@@ -1,7 +1,7 @@
 // dispatch_batches (Accelerate's DataLoaderDispatcher): rank 0 alone reads the loader the user
 // built, as one process would, and broadcasts each round (N of its batches concatenated, one
 // with split_batches); every rank keeps its slice. The broadcast and the slicing are
-// core/src/dispatch.cpp; this header holds the iterator a prepared loader yields when it
+// core/src/engine/dispatch.cpp; this header holds the iterator a prepared loader yields when it
 // dispatches, a template because reading the dataset is.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The contract between a launcher and its workers, shared by hasten::launch (core/src/launch.cpp)
+// The contract between a launcher and its workers, shared by hasten::launch (core/src/launch/launch.cpp)
 // and `hasten launch` (apps/hasten/launcher.cpp) so that both give workers the same environment
 // and describe their ends in the same words: the torchrun environment variables, the choice
 // of a rendezvous port, and what a worker's wait status means.

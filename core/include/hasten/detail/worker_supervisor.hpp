@@ -1,4 +1,4 @@
-// The supervision loop both launchers share (hasten::launch in core/src/launch.cpp and
+// The supervision loop both launchers share (hasten::launch in core/src/launch/launch.cpp and
 // `hasten launch` in apps/hasten/launcher.cpp): it notes each worker's end the moment it
 // happens and applies the one stop policy. The first worker to fail, a deadline or a signal
 // to the launcher stops the run: every worker still running gets SIGTERM (or the signal), and

@@ -1,0 +1,431 @@
+// load_state: reads a checkpoint that save_state wrote (checkpoint_save.cpp) back into the
+// prepared models, optimizers, schedulers, loaders and registered objects, on any number of
+// ranks under any strategy; resume() applies the config key `resume`. CheckpointLoad reads one
+// checkpoint directory in phases (checkpoint_load.hpp); load_state chooses which directory.
+#include <hasten/error.hpp>
+#include <hasten/logging.hpp>
+#include <hasten/safetensors.hpp>
+
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <torch/cuda.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <limits>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include <hasten/plugin_torch.hpp>
+
+#include "checkpoint/checkpoint_files.hpp"
+#include "checkpoint/checkpoint_layout.hpp"
+#include "checkpoint/checkpoint_load.hpp"
+#include "checkpoint/checkpoint_reader.hpp"
+#include "checkpoint/checkpoint_state_check.hpp"
+#include "checkpoint/optimizer_state.hpp"
+#include "engine/engine_state.hpp"
+
+namespace hasten::detail {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using namespace checkpoint_layout;
+
+namespace {
+
+// "cuda" is the rank's own device's generator (checkpoint_save.cpp); a CPU run ignores it.
+// Checkpoints of earlier versions name devices by visible index ("cuda:N"): the rank's device
+// takes the entry of its own index, the others are not touched.
+void set_rng_state(const NamedTensors& states, const torch::Device& device) {
+  for (auto& [name, state] : states) {
+    if (name == "cpu") {
+      auto gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(state);
+    } else if (device.is_cuda() && (name == "cuda" || name == "cuda:" + std::to_string(device.index()))) {
+      auto gen = at::globalContext().defaultGenerator(device);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(state);
+    }
+  }
+}
+
+// Copies full tensors into a module's own parameters and buffers, by name, strictly.
+void copy_into(torch::nn::Module& module, const NamedTensors& tensors, const std::string& file) {
+  std::map<std::string, const torch::Tensor*> by_name;
+  for (auto& [name, t] : tensors) by_name[name] = &t;
+  torch::NoGradGuard no_grad;
+  auto load = [&](const std::string& name, torch::Tensor& target) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw Error("load_state: '" + file + "' has no tensor '" + name + "', which the model has");
+    if (it->second->sizes() != target.sizes())
+      throw Error("load_state: '" + file + "': '" + name + "' has shape " + c10::str(it->second->sizes()) +
+                  ", the model's is " + c10::str(target.sizes()));
+    if (it->second->data_ptr() != target.data_ptr()) target.copy_(*it->second);  // else read in place
+    by_name.erase(it);
+  };
+  for (auto& named : module.named_parameters()) load(named.key(), named.value());
+  for (auto& named : module.named_buffers()) load(named.key(), named.value());
+  if (!by_name.empty())
+    throw Error("load_state: '" + file + "' has '" + by_name.begin()->first + "', which the model does not");
+}
+
+}  // namespace
+
+Engine::Impl::CheckpointLoad::CheckpointLoad(Engine& engine, Impl& s, const fs::path& dir)
+    : engine_(engine),
+      s_(s),
+      dir_(dir),
+      manifest_(read_manifest(dir)),
+      state_(json::parse(read_checked_bytes(dir, kState, manifest_), nullptr, false)),
+      rank_(s.process.rank),
+      world_(s.process.world_size),
+      sharded_(s.strategy->has_load_state_dict()) {  // it shards parameters and optimizer state
+  validate_state(state_, (dir / kState).string());
+  saved_world_ = state_["world_size"].get<int>();
+}
+
+void Engine::Impl::CheckpointLoad::run() {
+  check();
+  load_models();
+  same_layout_ = saved_world_ == world_ && state_.value("strategy", "") == s_.strategy->name();
+  for (size_t i = 0; i < s_.optimizers.size(); ++i) load_optimizer(i);
+  attempt([&] { read_rest(); });
+  agree();
+  apply();
+}
+
+void Engine::Impl::CheckpointLoad::check() const {
+  auto expect = [&](const char* what, size_t saved, size_t now) {
+    if (saved != now)
+      throw Error("load_state: the checkpoint holds " + std::to_string(saved) + " " + what + ", this program prepared " +
+                  std::to_string(now) + " ('" + dir_.string() + "')");
+  };
+  expect("models", state_.value("models", size_t{0}), s_.models.size());
+  expect("optimizers", state_["optimizers"].value("count", size_t{0}), s_.optimizers.size());
+  expect("schedulers", state_["schedulers"].size(), s_.schedulers.size());
+  expect("data loaders", state_["loaders"].size(), s_.loaders.size());
+  expect("objects registered for checkpointing", state_["custom"].size(), s_.checkpoint_objects.size());
+  for (size_t k = 0; k < s_.schedulers.size(); ++k)
+    if (s_.schedulers[k].steps > state_["schedulers"][k].get<int64_t>())
+      throw Error("load_state: scheduler " + std::to_string(k) + " has taken " + std::to_string(s_.schedulers[k].steps) +
+                  " steps, more than the checkpoint's " + std::to_string(state_["schedulers"][k].get<int64_t>()) +
+                  "; call load_state before training");
+  for (size_t i = 0; i < s_.optimizers.size(); ++i) {
+    const std::string saved_type = state_["optimizers"]["types"].at(i).get<std::string>();
+    if (saved_type != optimizer_type(*s_.optimizers[i].optimizer))
+      throw Error("load_state: optimizer " + std::to_string(i) + " was " + saved_type + " when saved, this program prepared " +
+                  optimizer_type(*s_.optimizers[i].optimizer) + " ('" + dir_.string() + "')");
+    if (layout(i) == "per_rank" && (saved_world_ != world_ || state_.value("strategy", "") != s_.strategy->name()))
+      throw Error("load_state: '" + dir_.string() + "' holds the state of an optimizer type hasten cannot read, saved by " +
+                  std::to_string(saved_world_) + " ranks under " + state_.value("strategy", "?") +
+                  "; it loads only on as many ranks under the same strategy");
+  }
+  for (size_t i = 0; i < s_.checkpoint_objects.size(); ++i) {
+    const bool tensors = state_["custom"][i] == "tensors";
+    if (tensors != static_cast<bool>(s_.checkpoint_objects[i].load_tensors))
+      throw Error("load_state: registered object " + std::to_string(i) + " saved " + (tensors ? "tensors" : "bytes") +
+                  " but now loads " + (tensors ? "bytes" : "tensors"));
+  }
+  for (size_t id = 0; id < s_.loaders.size(); ++id) {
+    const json& l = state_["loaders"][id];
+    if (l.value("dataset_size", int64_t{-1}) != s_.loaders[id].spec.dataset_size)
+      throw Error("load_state: data loader " + std::to_string(id) + " had " + std::to_string(l.value("dataset_size", 0)) +
+                  " samples when saved, now " + std::to_string(s_.loaders[id].spec.dataset_size));
+  }
+}
+
+std::string Engine::Impl::CheckpointLoad::layout(size_t optimizer) const {
+  return state_["optimizers"]["layouts"].at(optimizer).get<std::string>();
+}
+
+void Engine::Impl::CheckpointLoad::attempt(const std::function<void()>& fn) {
+  if (!failure_.empty()) return;
+  try {
+    fn();
+  } catch (const CorruptCheckpointFile& e) {
+    failure_ = std::string("corrupt:") + e.what();
+  } catch (const std::exception& e) {
+    failure_ = std::string("error:") + e.what();
+  }
+}
+
+void Engine::Impl::CheckpointLoad::agree() {
+  torch::Tensor failed = torch::full({1}, failure_.empty() ? 0.0 : static_cast<double>(rank_ + 1), torch::kDouble);
+  s_.allreduce_(failed, HASTEN_REDUCE_MAX);
+  const int who = static_cast<int>(failed.item<double>()) - 1;
+  if (who < 0) return;
+  const std::string line = engine_.broadcast(failure_, who);
+  if (line.rfind("corrupt:", 0) == 0) throw CorruptCheckpointFile(line.substr(8));
+  throw Error(line.substr(line.find(':') + 1));
+}
+
+bool Engine::Impl::CheckpointLoad::any_rank(bool mine) {
+  torch::Tensor flag = torch::full({1}, mine ? 1.0 : 0.0, torch::kDouble);
+  s_.allreduce_(flag, HASTEN_REDUCE_MAX);
+  return flag.item<double>() > 0;
+}
+
+void Engine::Impl::CheckpointLoad::load_models() {
+  std::vector<NamedTensors> full(s_.models.size());
+  std::vector<bool> in_ranges(s_.models.size(), false);
+  for (size_t i = 0; i < s_.models.size(); ++i)
+    attempt([&] {
+      if (sharded_ && s_.strategy->has_load_state_dict_ranges() && RangedFile::available(manifest_, model_file(i))) {
+        read_model_ranges(i);
+        in_ranges[i] = true;
+      } else if (sharded_) {
+        full[i] = read_checked(dir_, model_file(i), manifest_);
+        for (auto& [n, t] : full[i]) saved_numel_[std::to_string(i) + ":" + n] = t.numel();
+      } else {
+        read_model_in_place(i);
+      }
+    });
+  agree();
+  if (sharded_)
+    for (size_t i = 0; i < s_.models.size(); ++i)
+      if (!in_ranges[i]) s_.strategy->load_state_dict(*s_.models[i].module, full[i]);
+}
+
+void Engine::Impl::CheckpointLoad::read_model_ranges(size_t i) {
+  RangedFile file(dir_, model_file(i), manifest_);
+  std::map<std::string, const SafetensorsEntry*> entries;
+  for (auto& e : file.header().tensors) {
+    entries[e.name] = &e;
+    saved_numel_[std::to_string(i) + ":" + e.name] = c10::multiply_integers(e.shape);
+  }
+  torch::nn::Module& module = *s_.models[i].module;
+  std::set<std::string> names;
+  for (auto& named : module.named_parameters()) names.insert(named.key());
+  for (auto& named : module.named_buffers()) names.insert(named.key());
+  for (auto& n : names)
+    if (!entries.count(n)) throw Error("load_state: '" + file.path() + "' has no tensor '" + n + "', which the model has");
+  for (auto& [n, e] : entries)
+    if (!names.count(n)) throw Error("load_state: '" + file.path() + "' has '" + n + "', which the model does not");
+  torch::NoGradGuard no_grad;
+  s_.strategy->load_state_dict_ranges(module, [&](const std::string& name, c10::IntArrayRef shape, int64_t offset,
+                                                  torch::Tensor& dst) {
+    auto it = entries.find(name);
+    if (it == entries.end())
+      throw Error("load_state: '" + file.path() + "' has no tensor '" + name + "', which the model has");
+    if (c10::IntArrayRef(it->second->shape) != shape)
+      throw Error("load_state: '" + file.path() + "': '" + name + "' has shape " +
+                  c10::str(c10::IntArrayRef(it->second->shape)) + ", the model's is " + c10::str(shape));
+    file.read(*it->second, offset, dst);
+  });
+}
+
+void Engine::Impl::CheckpointLoad::read_model_in_place(size_t i) {
+  torch::nn::Module& module = *s_.models[i].module;
+  std::map<std::string, torch::Tensor> own;
+  for (auto& named : module.named_parameters()) own[named.key()] = named.value().detach();
+  for (auto& named : module.named_buffers()) own[named.key()] = named.value().detach();
+  const NamedTensors read = read_checked(dir_, model_file(i), manifest_, [&](const SafetensorsEntry& e) {
+    auto it = own.find(e.name);
+    return it != own.end() && it->second.sizes() == c10::IntArrayRef(e.shape) ? it->second : torch::Tensor();
+  });
+  for (auto& [n, t] : read) saved_numel_[std::to_string(i) + ":" + n] = t.numel();
+  copy_into(module, read, (dir_ / model_file(i)).string());
+}
+
+void Engine::Impl::CheckpointLoad::read_rest() {
+  if (manifest_["files"].contains(rng_file(rank_))) rng_ = read_checked(dir_, rng_file(rank_), manifest_);
+  grads_.resize(s_.models.size());
+  for (size_t i = 0; i < s_.models.size(); ++i) grads_[i] = read_gradients(i);
+  custom_tensors_.resize(s_.checkpoint_objects.size());
+  custom_bytes_.resize(s_.checkpoint_objects.size());
+  for (size_t i = 0; i < s_.checkpoint_objects.size(); ++i) {
+    const bool tensors = static_cast<bool>(s_.checkpoint_objects[i].load_tensors);
+    if (tensors)
+      custom_tensors_[i] = read_checked(dir_, custom_file(i, true), manifest_);
+    else
+      custom_bytes_[i] = read_checked_bytes(dir_, custom_file(i, false), manifest_);
+  }
+  // Files no rank of this run reads (the random states of ranks it does not have): rank 0
+  // checks them, so that a damaged checkpoint is refused whatever loads it.
+  if (rank_ == 0)
+    for (int r = world_; r < saved_world_; ++r)
+      if (manifest_["files"].contains(rng_file(r))) verify_checked(dir_, rng_file(r), manifest_);
+}
+
+NamedTensors Engine::Impl::CheckpointLoad::read_gradients(size_t i) const {
+  if (saved_world_ == world_) {
+    if (!manifest_["files"].contains(gradients_file(i, rank_))) return {};
+    return read_checked(dir_, gradients_file(i, rank_), manifest_);
+  }
+  // Another number of ranks: the window's synchronising micro-batch averages the ranks'
+  // local gradients, so the saved ranks' part of that average is their mean. Every rank of
+  // this run takes that mean as its own partial gradients; the average over this run's
+  // ranks then holds exactly the saved part, and the window's remaining micro-batches add
+  // their own mean as they would have.
+  std::vector<std::string> order;
+  std::map<std::string, torch::Tensor> sum;
+  for (int r = 0; r < saved_world_; ++r) {
+    if (!manifest_["files"].contains(gradients_file(i, r))) continue;
+    for (auto& [name, g] : read_checked(dir_, gradients_file(i, r), manifest_)) {
+      auto it = sum.find(name);
+      if (it == sum.end()) {
+        order.push_back(name);
+        sum.emplace(name, g);
+      } else if (it->second.sizes() != g.sizes()) {
+        throw Error("load_state: '" + (dir_ / gradients_file(i, r)).string() + "': the gradient of '" + name +
+                    "' has shape " + c10::str(g.sizes()) + ", another rank's " + c10::str(it->second.sizes()));
+      } else {
+        it->second.add_(g);
+      }
+    }
+  }
+  NamedTensors mean;
+  for (auto& name : order) mean.emplace_back(name, sum[name].div_(saved_world_));
+  return mean;
+}
+
+void Engine::Impl::CheckpointLoad::apply() {
+  for (size_t k = 0; k < s_.schedulers.size(); ++k) {
+    const int64_t saved = state_["schedulers"][k].get<int64_t>();
+    SchedulerEntry& sc = s_.schedulers[k];
+    for (; sc.steps < saved; ++sc.steps) sc.step_once();
+    // Absent from checkpoints written before adjust_scheduler existed: none were counted.
+    if (state_.contains("scheduler_adjustments")) sc.adjustments = state_["scheduler_adjustments"].at(k).get<int64_t>();
+  }
+  for (size_t i = 0; i < s_.optimizers.size(); ++i) {
+    if (layout(i) != "portable") continue;
+    const json& lrs = state_["optimizers"]["lr"].at(i);
+    auto& groups = s_.optimizers[i].optimizer->param_groups();
+    for (size_t g = 0; g < groups.size() && g < lrs.size(); ++g) groups[g].options().set_lr(lrs[g].get<double>());
+  }
+  if (!rng_.empty()) set_rng_state(rng_, s_.device);
+  for (size_t i = 0; i < s_.models.size(); ++i) apply_gradients(i);
+  for (size_t i = 0; i < s_.checkpoint_objects.size(); ++i) {
+    auto& o = s_.checkpoint_objects[i];
+    if (o.load_tensors)
+      o.load_tensors(custom_tensors_[i]);
+    else
+      o.load_bytes(custom_bytes_[i]);
+  }
+  for (size_t id = 0; id < s_.loaders.size(); ++id) {
+    const json& l = state_["loaders"][id];
+    LoaderEntry& e = s_.loaders[id];
+    e.epoch = l.value("epoch", int64_t{0});
+    int64_t next = l.value("next_batch", int64_t{0});
+    if (saved_world_ != world_ || l.value("batch_size", int64_t{0}) != e.spec.options.batch_size) {
+      // Another number of ranks: continue after the samples the saved run had consumed.
+      const int64_t consumed = next * l.value("batch_size", int64_t{1}) * saved_world_;
+      next = consumed / std::max<int64_t>(1, e.spec.options.batch_size * world_);
+    }
+    e.resume_batch = std::min(next, e.num_batches);
+  }
+  s_.accum_step = state_["accumulation"].value("step", int64_t{0});
+  s_.window = state_["accumulation"].value("window", int64_t{1});
+  if (manifest_.contains("checkpoint") && manifest_["checkpoint"].is_number_integer())
+    s_.save_iteration = manifest_["checkpoint"].get<int64_t>() + 1;
+}
+
+void Engine::Impl::CheckpointLoad::apply_gradients(size_t i) {
+  if (grads_[i].empty()) return;
+  std::map<std::string, torch::Tensor> by_name;
+  for (auto& [name, g] : grads_[i]) by_name[name] = g;
+  torch::NoGradGuard no_grad;
+  for (auto& named : s_.models[i].module->named_parameters()) {
+    auto it = by_name.find(named.key());
+    if (it == by_name.end()) continue;
+    torch::Tensor& p = named.value();
+    if (p.grad().defined() && !p.grad().is_sparse())
+      p.mutable_grad().copy_(it->second);
+    else
+      p.mutable_grad() = it->second.to(p.device());
+  }
+}
+
+
+// A function-try-block: a hand-edited hasten_state.json whose fields have the wrong types
+// makes nlohmann throw from anywhere below; it becomes one line naming the file.
+std::string Engine::load_state(const std::string& requested) try {
+  Impl& s = *impl_;
+  if (!s.active.empty())
+    throw UsageError("load_state: called while a prepared data loader is being iterated; call it after prepare and "
+                     "before the loop (or set the config key resume: auto)");
+  const int rank = s.process.rank;
+
+  // Which: rank 0 checks the manifests and the files' sizes (nothing is read yet); without a
+  // directory, the newest checkpoint that passes and then loads with every checksum right,
+  // saying which ones it skipped and why.
+  std::string candidates;
+  if (rank == 0) {
+    json list = json::array();
+    if (!requested.empty()) {
+      if (const std::string recovered = recover_checkpoint(requested); !recovered.empty())
+        get_logger()->warn("load_state: {}", recovered);
+      list.push_back({requested, verify_checkpoint(requested)});
+    } else {
+      auto all = numbered_checkpoints(checkpoints_dir(s.config.project_dir));
+      for (auto it = all.rbegin(); it != all.rend(); ++it)
+        list.push_back({it->second.string(), verify_checkpoint(it->second)});
+    }
+    candidates = list.dump();
+  }
+  const json list = json::parse(broadcast(candidates, 0));
+  std::vector<std::string> skipped;
+  auto warn_skipped = [&] {
+    if (rank == 0)
+      for (auto& why : skipped) get_logger()->warn("load_state: skipping a checkpoint that cannot be loaded: {}", why);
+  };
+  std::string loaded;
+  for (auto& c : list) {
+    const std::string path = c[0].get<std::string>(), why = c[1].get<std::string>();
+    if (!requested.empty() && !why.empty()) throw Error("load_state: " + why);
+    if (!why.empty()) {
+      skipped.push_back(why);
+      continue;
+    }
+    try {
+      Impl::CheckpointLoad(*this, s, path).run();
+      loaded = path;
+      break;
+    } catch (const CorruptCheckpointFile& e) {
+      if (!requested.empty()) throw Error(std::string("load_state: ") + e.what());
+      skipped.push_back(e.what());
+    }
+  }
+  warn_skipped();
+  if (loaded.empty())
+    throw Error("load_state: no complete checkpoint under '" + checkpoints_dir(s.config.project_dir).string() + "'" +
+                (skipped.empty() ? "" : " (" + std::to_string(skipped.size()) + " damaged or incomplete, see above)"));
+  // New checkpoints go after every numbered one, damaged or older ones skipped included: an
+  // automatic save never collides with a name that exists.
+  for (auto& [n, path] : numbered_checkpoints(checkpoints_dir(s.config.project_dir)))
+    s.save_iteration = std::max<int64_t>(s.save_iteration, n + 1);
+  wait_for_everyone();
+  get_logger()->info("load_state: resumed from {}", loaded);
+  s.resume_settled = true;
+  s.resumed_from = loaded;
+  return loaded;
+} catch (const nlohmann::json::exception& e) {
+  const std::string what = e.what();
+  throw Error("load_state: the checkpoint's " + std::string(kState) + " is malformed (" +
+              what.substr(what.find(']') == std::string::npos ? 0 : what.find(']') + 2) + ")");
+}
+
+std::string Engine::resume() {
+  Impl& s = *impl_;
+  if (s.resume_settled) return s.resumed_from;
+  s.resume_settled = true;
+  if (s.config.resume == "no") return "";
+  if (s.config.resume != "auto") return load_state(s.config.resume);
+  // auto: a run with no checkpoint yet starts fresh; one with any (even only damaged ones)
+  // continues from the newest complete one or says why it cannot.
+  const fs::path dir = checkpoints_dir(s.config.project_dir);
+  std::string any = s.process.rank == 0 && !numbered_checkpoints(dir).empty() ? "yes" : "no";
+  any = broadcast(any, 0);
+  if (any == "no") {
+    get_logger()->info("resume: auto: no checkpoint under {} yet; starting fresh", dir.string());
+    return "";
+  }
+  return load_state("");
+}
+
+}  // namespace hasten::detail

@@ -1,0 +1,249 @@
+// save_state: writes what a run needs to continue exactly where it stopped (models,
+// optimizers, schedulers, loader positions, accumulation, RNG, registered objects), each rank
+// its own files; checkpoint_files.cpp makes the write atomic and verifiable, and
+// checkpoint_load.cpp reads it back.
+#include <hasten/error.hpp>
+#include <hasten/logging.hpp>
+#include <hasten/safetensors.hpp>
+
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <torch/cuda.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <mutex>
+
+#include <hasten/plugin_torch.hpp>
+
+#include "checkpoint/checkpoint_files.hpp"
+#include "checkpoint/checkpoint_layout.hpp"
+#include "checkpoint/optimizer_state.hpp"
+#include "engine/engine_state.hpp"
+#include "util/test_hooks.hpp"
+
+namespace hasten::detail {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using namespace checkpoint_layout;
+
+namespace {
+
+// The default generators' states: the CPU's and, on a GPU run, this rank's own device's under
+// the rank-relative key "cuda" (as Accelerate's per-rank random_states_N): a resume with other
+// gpu_ids or CUDA_VISIBLE_DEVICES gives the rank's device the state it saved, not another
+// GPU's by visible index.
+NamedTensors rng_state(const torch::Device& device) {
+  NamedTensors out;
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.emplace_back("cpu", gen.get_state());
+  }
+  if (device.is_cuda()) {
+    auto gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.emplace_back("cuda", gen.get_state());
+  }
+  return out;
+}
+
+}  // namespace
+
+void Engine::register_for_checkpointing(CheckpointObject object) {
+  impl_->checkpoint_objects.push_back(std::move(object));
+}
+
+int64_t Engine::save_iteration() const { return impl_->save_iteration; }
+
+std::string Engine::save_state(const std::string& requested) {
+  Impl& s = *impl_;
+  const int rank = s.process.rank, world = s.process.world_size;
+  const bool main = rank == 0;
+  const bool automatic = s.config.automatic_checkpoint_naming || requested.empty();
+
+  // Where: rank 0 decides and prepares the temporary directory; every rank learns the outcome.
+  std::string decided;
+  if (main) {
+    try {
+      const fs::path target = automatic ? checkpoints_dir(s.config.project_dir) /
+                                              ("checkpoint_" + std::to_string(s.save_iteration))
+                                        : fs::path(requested);
+      std::error_code ec;
+      if (automatic && fs::exists(fs::symlink_status(target, ec)))
+        throw Error("save_state: '" + target.string() +
+                    "' already exists (a run that continues calls load_state() first; new checkpoints are then "
+                    "numbered after the newest one)");
+      prepare_save(target);  // refuses what is not a hasten checkpoint; makes the temporary directory
+      decided = "ok:" + target.string();
+    } catch (const std::exception& e) {
+      decided = std::string("error:") + e.what();
+    }
+  }
+  decided = broadcast(decided, 0);
+  if (decided.rfind("error:", 0) == 0) throw Error(decided.substr(6));
+  const fs::path target = decided.substr(3);
+  const fs::path tmp = saving_dir(target);
+
+  // What: every rank writes its files. Gathering full models is collective, so every rank runs
+  // every gather even after one of its writes failed.
+  std::vector<FileRecord> files;
+  std::string failure;
+  auto attempt = [&](const std::function<void()>& fn) {
+    if (!failure.empty()) return;
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  };
+  for (size_t i = 0; i < s.models.size(); ++i) {
+    const NamedTensors full = state_dict(i, 0);  // rank 0 holds them
+    if (main)
+      attempt([&] {
+        files.push_back(write_file(
+            tmp, model_file(i), [&](const ByteSink& sink) { write_safetensors(full, {{"format", "pt"}}, sink); },
+            kChunkSize));  // chunk checksums: a sharding strategy's ranks read only their slices
+      });
+  }
+  test_point("save-model-written", rank);  // test builds: a kill in the middle of a save
+  const bool per_rank = s.strategy->has_load_state_dict();  // it shards: so does optimizer state
+  // In the middle of an accumulation window the gradients accumulated so far are part of the
+  // state: each rank's own, not yet synchronised ones, as its parameters' .grad show them
+  // (under zero and fsdp, views of the unit's full local gradient buffer, kept until the
+  // window's synchronising micro-batch reduces it). Loading sets them back as .grad, which
+  // the strategy takes into its buffers at the next backward.
+  const bool mid_window = s.accum_step % std::max(1, s.config.gradient_accumulation_steps) != 0;
+  if (mid_window)
+    for (size_t i = 0; i < s.models.size(); ++i)
+      attempt([&] {
+        NamedTensors grads;
+        for (auto& named : s.models[i].module->named_parameters())
+          // A sparse .grad is the sharded strategies' placeholder at rest: no local gradient.
+          if (named.value().grad().defined() && !named.value().grad().is_sparse())
+            grads.emplace_back(named.key(), named.value().grad());
+        files.push_back(write_file(tmp, gradients_file(i, rank), [&](const ByteSink& sink) { write_safetensors(grads, {}, sink); }));
+      });
+  // Optimizers: the portable layout (state tensors by parameter name, in pieces), which loads
+  // on any number of ranks under any strategy; LibTorch's own archive for optimizer types
+  // hasten cannot read (it loads only where it was saved: same ranks, same strategy).
+  json optimizer_layouts = json::array();
+  for (size_t i = 0; i < s.optimizers.size(); ++i) {
+    torch::optim::Optimizer& optimizer = *s.optimizers[i].optimizer;
+    NamedTensors pieces;
+    bool portable = true;
+    try {
+      for (size_t m = 0; m < s.models.size(); ++m)
+        for (auto& piece : optimizer_pieces(*s.strategy, rank, optimizer, *s.models[m].module, m))
+          pieces.push_back(std::move(piece));
+    } catch (const sdk::Error& e) {  // from sdk::param_state, here in the host
+      if (e.status() != HASTEN_ERR_UNSUPPORTED) throw;
+      portable = false;
+    } catch (const PluginError& e) {  // from a strategy's optimizer_state
+      if (std::string(e.what()).find("(unsupported)") == std::string::npos) throw;
+      portable = false;
+    }
+    // Every rank must agree on the layout: the optimizer type is the same everywhere.
+    optimizer_layouts.push_back(portable ? "portable" : per_rank ? "per_rank" : "full");
+    if (portable && !pieces.empty())
+      attempt([&] {
+        files.push_back(write_file(tmp, optimizer_pieces_file(i, rank), [&](const ByteSink& sink) {
+          write_safetensors(pieces, {}, sink);
+        }));
+      });
+    if (!portable && (per_rank || main))
+      attempt([&] { files.push_back(write_file(tmp, optimizer_file(i, per_rank ? rank : -1), optimizer_bytes(optimizer))); });
+  }
+  attempt([&] {
+    const NamedTensors rng = rng_state(s.device);
+    files.push_back(write_file(tmp, rng_file(rank), [&](const ByteSink& sink) { write_safetensors(rng, {}, sink); }));
+  });
+  if (main) {
+    for (size_t i = 0; i < s.checkpoint_objects.size(); ++i) {
+      auto& o = s.checkpoint_objects[i];
+      attempt([&] {
+        if (o.save_tensors) {
+          const NamedTensors t = o.save_tensors();
+          files.push_back(write_file(tmp, custom_file(i, true), [&](const ByteSink& sink) { write_safetensors(t, {}, sink); }));
+        } else {
+          files.push_back(write_file(tmp, custom_file(i, false), o.save_bytes()));
+        }
+      });
+    }
+    json loaders = json::array();
+    for (size_t id = 0; id < s.loaders.size(); ++id) {
+      const LoaderEntry& e = s.loaders[id];
+      const LoaderState position = loader_state(id);
+      loaders.push_back({{"epoch", position.epoch},
+                         {"next_batch", position.next_batch},
+                         {"num_batches", e.num_batches},
+                         {"dataset_size", e.spec.dataset_size},
+                         {"batch_size", e.spec.options.batch_size},
+                         {"world_size", world}});
+    }
+    json schedulers = json::array();
+    json adjustments = json::array();  // adjust_scheduler's micro-batch counts (bounded schedules)
+    for (auto& sc : s.schedulers) {
+      schedulers.push_back(sc.steps);
+      adjustments.push_back(sc.adjustments);
+    }
+    json custom = json::array();
+    for (auto& o : s.checkpoint_objects) custom.push_back(o.save_tensors ? "tensors" : "bytes");
+    json types = json::array();  // loading into another optimizer type must be refused
+    for (auto& e : s.optimizers) types.push_back(optimizer_type(*e.optimizer));
+    json lrs = json::array();  // each param group's learning rate (the portable layout has no groups)
+    for (auto& e : s.optimizers) {
+      json groups = json::array();
+      for (auto& g : e.optimizer->param_groups()) groups.push_back(g.options().get_lr());
+      lrs.push_back(groups);
+    }
+    json state = {{"checkpoint", automatic ? json(s.save_iteration) : json(nullptr)},
+                  {"strategy", s.strategy->name()},
+                  {"world_size", world},
+                  {"models", s.models.size()},
+                  {"optimizers", {{"count", s.optimizers.size()}, {"layouts", optimizer_layouts}, {"lr", lrs}, {"types", types}}},
+                  {"schedulers", schedulers},
+                  {"scheduler_adjustments", adjustments},
+                  {"loaders", loaders},
+                  {"accumulation", {{"step", s.accum_step}, {"window", s.window}}},
+                  {"custom", custom}};
+    attempt([&] { files.push_back(write_file(tmp, kState, state.dump(1))); });
+  }
+  attempt([&] { write_rank_files(tmp, rank, files); });
+
+  // Did every rank write everything? Then rank 0 makes the checkpoint complete in one rename.
+  torch::Tensor failed = torch::full({1}, failure.empty() ? 0.0 : static_cast<double>(rank + 1), torch::kDouble);
+  s.allreduce_(failed, HASTEN_REDUCE_MAX);
+  const int failed_rank = static_cast<int>(failed.item<double>()) - 1;
+  if (failed_rank >= 0) {
+    if (main) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    if (!failure.empty()) throw Error("save_state: " + failure + " (the previous checkpoint is untouched)");
+    throw Error("save_state: rank " + std::to_string(failed_rank) +
+                " could not write its files (its message says why); the previous checkpoint is untouched");
+  }
+  std::string finished;
+  if (main) {
+    try {
+      json meta = {{"checkpoint", automatic ? json(s.save_iteration) : json(nullptr)}, {"strategy", s.strategy->name()}};
+      finalize_checkpoint(tmp, target, world, meta);  // replaces an explicit directory saved again
+      if (automatic && s.config.total_limit > 0)
+        for (auto& why : prune_checkpoints(checkpoints_dir(s.config.project_dir), s.config.total_limit))
+          get_logger()->warn("save_state: could not remove an old checkpoint: {}", why);
+      finished = "ok";
+    } catch (const std::exception& e) {
+      finished = std::string("error:") + e.what();
+    }
+  }
+  finished = broadcast(finished, 0);
+  if (finished != "ok") throw Error(finished.substr(6));
+  if (automatic) ++s.save_iteration;
+  get_logger()->debug("save_state: {}", target.string());
+  return target.string();
+}
+
+}  // namespace hasten::detail

@@ -1,0 +1,68 @@
+// Prepared models: registration with the strategy, the hasten::Unit modules attached to them,
+// and finding a model's index again.
+#include <hasten/error.hpp>
+
+#include <torch/nn/module.h>
+
+#include "engine/engine_state.hpp"
+
+namespace hasten::detail {
+
+size_t Engine::add_model(std::shared_ptr<torch::nn::Module> module) {
+  Impl& s = *impl_;
+  if (!module) throw UsageError("prepare: the model is null");
+  const size_t index = s.models.size();
+  hasten_model_info info{};
+  info.struct_size = sizeof(info);
+  info.abi_version = HASTEN_ABI_VERSION;
+  info.index = static_cast<uint32_t>(index);
+  info.device = s.dl_device;
+  bool train = false;
+  for (auto& p : module->parameters()) train = train || p.requires_grad();
+  info.train = train ? 1 : 0;
+  // Units: the model itself first, then every nested hasten::Unit in modules() order.
+  ModelEntry entry;
+  entry.module = module;
+  std::vector<hasten_module*> units{reinterpret_cast<hasten_module*>(module.get())};
+  entry.root_is_unit = dynamic_cast<UnitBase*>(module.get()) != nullptr;
+  for (auto& m : module->modules(/*include_self=*/false)) {
+    if (auto* u = dynamic_cast<UnitBase*>(m.get())) {
+      if (u->engine_ != nullptr && u->engine_ != this)
+        throw UsageError("prepare: a hasten::Unit of this model is already prepared by another Accelerator");
+      entry.units.push_back(u);
+      units.push_back(reinterpret_cast<hasten_module*>(m.get()));
+    }
+  }
+  info.units = units.data();
+  info.n_units = static_cast<uint32_t>(units.size());
+  s.strategy->prepare_model(*module, info);
+  if (s.unit_events) {
+    uint32_t k = 1;
+    for (UnitBase* u : entry.units) {
+      u->engine_ = this;
+      u->model_ = index;
+      u->unit_ = k++;
+    }
+    if (auto* root = dynamic_cast<UnitBase*>(module.get())) {
+      root->engine_ = this;
+      root->model_ = index;
+      root->unit_ = 0;
+    }
+  }
+  s.models.push_back(std::move(entry));
+  return index;
+}
+
+std::optional<size_t> Engine::find_model(const torch::nn::Module* module) const {
+  for (size_t i = 0; i < impl_->models.size(); ++i)
+    if (impl_->models[i].module.get() == module) return i;
+  return std::nullopt;
+}
+
+}  // namespace hasten::detail
+
+namespace hasten {
+
+UnitBase::~UnitBase() = default;
+
+}  // namespace hasten

@@ -1,0 +1,68 @@
+// The host's view of a tracker plugin instance (C tier).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "plugins/plugin_instances.hpp"
+
+namespace hasten {
+struct Config;
+}
+
+namespace hasten::detail {
+
+// The configured trackers with the options of each (tracker_options keyed by the name
+// `trackers` gives it or by its plugin's name); a key that is neither is a ConfigError.
+std::vector<std::pair<PluginSelection, std::string>> choose_trackers(const Config& config);
+
+class TrackerInstance : public PluginInstance {
+ public:
+  using PluginInstance::PluginInstance;
+
+  void start(const std::string& project, const std::string& logging_dir,
+             const std::string& hparams_json, int rank) {
+    hasten_tracker_run run{};
+    run.struct_size = sizeof(run);
+    run.abi_version = HASTEN_ABI_VERSION;
+    run.project = project.c_str();
+    run.logging_dir = logging_dir.c_str();
+    run.hparams_json = hparams_json.c_str();
+    run.rank = rank;
+    call("start", [&] { return vt().tracker.start(instance_, &run); });
+  }
+  void log_scalars(const std::vector<std::pair<std::string, double>>& values, int64_t step) {
+    const auto n = static_cast<uint32_t>(values.size());
+    if (HASTEN_ABI_VERSION_MINOR(vt().tracker.abi_version) == 0) {
+      // ABI 1.0 trackers know hasten_scalar without its struct header.
+      struct ScalarV10 {
+        const char* name;
+        double value;
+      };
+      std::vector<ScalarV10> scalars;
+      scalars.reserve(values.size());
+      for (auto& [name, value] : values) scalars.push_back({name.c_str(), value});
+      call("log_scalars", [&] {
+        return vt().tracker.log_scalars(instance_, reinterpret_cast<const hasten_scalar*>(scalars.data()), n, step);
+      });
+      return;
+    }
+    std::vector<hasten_scalar> scalars;
+    scalars.reserve(values.size());
+    for (auto& [name, value] : values) scalars.push_back({HASTEN_STRUCT_INIT(hasten_scalar), name.c_str(), value});
+    call("log_scalars", [&] { return vt().tracker.log_scalars(instance_, scalars.data(), n, step); });
+  }
+  void log_text(const std::string& name, const std::string& text, int64_t step) {
+    if (auto fn = vt().tracker.log_text)
+      call("log_text", [&] { return fn(instance_, name.c_str(), text.c_str(), step); });
+  }
+  void flush() {
+    if (auto fn = vt().tracker.flush) call("flush", [&] { return fn(instance_); });
+  }
+  void finish(hasten_status status) {
+    if (auto fn = vt().tracker.finish) call("finish", [&] { return fn(instance_, status); });
+  }
+};
+
+}  // namespace hasten::detail

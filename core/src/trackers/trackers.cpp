@@ -1,0 +1,118 @@
+// Tracker fan-out: the main process starts one tracker plugin per configured name and every
+// log call goes to all of them; end_training flushes and finishes them. Each tracker runs in a
+// host process of its own unless trackers_in_process is set (running_tracker.cpp). A tracker
+// that fails once it runs (an unwritable directory, a full disk, a crash of its host process)
+// is reported in one warning and dropped: losing a log must not end the training it records,
+// and the other trackers keep every value.
+#include <hasten/accelerator.hpp>
+#include <hasten/error.hpp>
+#include <hasten/logging.hpp>
+#include <hasten/registry.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <variant>
+
+#include "engine/engine_state.hpp"
+#include "util/text_util.hpp"
+#include "trackers/tracker_instance.hpp"
+
+namespace fs = std::filesystem;
+
+namespace hasten::detail {
+
+namespace {
+
+// Runs op on every tracker; one that fails is reported once (its message names the plugin,
+// its file and the path it could not write) and leaves the run.
+template <class Op>
+void for_each_tracker(std::vector<std::unique_ptr<RunningTracker>>& trackers, const char* what, Op&& op) {
+  for (auto it = trackers.begin(); it != trackers.end();) {
+    try {
+      op(**it);
+      ++it;
+    } catch (const PluginError& e) {
+      get_logger()->warn("tracker '{}' stopped at {}, training goes on without it: {}", (*it)->name(), what, e.what());
+      it = trackers.erase(it);
+    }
+  }
+}
+
+}  // namespace
+
+void Engine::init_trackers(const std::string& project, const std::string& hparams_json) {
+  Impl& s = *impl_;
+  if (!s.process.is_main_process()) return;  // trackers live on the main process
+  if (!s.trackers.empty()) throw UsageError("init_trackers: trackers are already running");
+  // Creating the plugins checks their options: a configuration error, which stops the run.
+  // A host process that dies while creating its tracker is a crash, reported like the others.
+  std::vector<std::unique_ptr<RunningTracker>> trackers;
+  for (auto& [selection, options] : choose_trackers(s.config)) {
+    if (s.config.trackers_in_process) {
+      trackers.push_back(make_in_process_tracker(selection, &s.host.api, options));
+      continue;
+    }
+    try {
+      trackers.push_back(make_isolated_tracker(selection, options, s.process, s.config.log_level));
+    } catch (const TrackerDied& e) {
+      get_logger()->warn("tracker '{}' stopped at create, training goes on without it: {}", selection.info->name,
+                         e.what());
+    }
+  }
+  for (auto it = trackers.begin(); it != trackers.end();) {
+    try {
+      (*it)->wait_created();
+      ++it;
+    } catch (const TrackerDied& e) {
+      get_logger()->warn("tracker '{}' stopped at create, training goes on without it: {}", (*it)->name(), e.what());
+      it = trackers.erase(it);
+    }
+  }
+  if (trackers.empty()) return;
+  const fs::path dir = fs::path(s.config.effective_logging_dir()) / project;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    std::vector<std::string> names;
+    for (auto& t : trackers) names.push_back("'" + t->name() + "'");
+    const bool one = names.size() == 1;
+    get_logger()->warn("{} {} not started, training goes on without {}: cannot create logging directory '{}': {}",
+                       one ? "tracker" : "trackers", join(names, ", "), one ? "it" : "them", dir.string(),
+                       ec.message());
+    return;
+  }
+  for_each_tracker(trackers, "start",
+                   [&](RunningTracker& t) { t.start(project, dir.string(), hparams_json, s.process.rank); });
+  s.trackers = std::move(trackers);
+}
+
+void Engine::log(const std::vector<std::pair<std::string, double>>& values, int64_t step) {
+  for_each_tracker(impl_->trackers, "log", [&](RunningTracker& t) { t.log_scalars(values, step); });
+}
+
+void Engine::log_text(const std::string& name, const std::string& text, int64_t step) {
+  for_each_tracker(impl_->trackers, "log_text", [&](RunningTracker& t) { t.log_text(name, text, step); });
+}
+
+void Engine::end_training() {
+  auto trackers = std::move(impl_->trackers);
+  impl_->trackers.clear();
+  // Each tracker flushes and finishes; an isolated one's host process is waited for (a
+  // bounded wait), so that its files are complete when end_training returns.
+  for_each_tracker(trackers, "end_training", [](RunningTracker& t) { t.end(HASTEN_OK); });
+}
+
+}  // namespace hasten::detail
+
+namespace hasten {
+
+void Accelerator::init_trackers(const std::string& project, const Hparams& hparams) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (auto& [key, value] : hparams)
+    std::visit([&, k = key](const auto& v) { j[k] = v; }, value);
+  engine_->init_trackers(project, j.dump());
+}
+
+}  // namespace hasten
