@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs hasten to a temporary prefix, builds two plugins against it out of tree (a tracker
+# Installs hasten to a temporary prefix, checks that its headers expose no internals
+# (installed_headers.py), builds two plugins against it out of tree (a tracker
 # in plain C, a strategy in C++), checks that `hasten plugins inspect` accepts both, and
 # trains with them through the installed hasten-example.
 set -euo pipefail
@@ -10,6 +11,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
 cmake --install "$build_dir" --prefix "$prefix" >/dev/null
+# What was installed is for users and plugin authors: no internal header or type of core/src.
+"$python" "$source_dir/tests/abi/installed_headers.py" "$prefix" "$source_dir"
 launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache); fi
 cmake -S "$source_dir/tests/abi/out_of_tree" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \

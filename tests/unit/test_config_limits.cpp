@@ -12,6 +12,9 @@
 
 #include "test_util.hpp"
 
+// Named, so that a unity build of this file with others has no clashing helper names.
+namespace config_limits_tests {
+
 namespace fs = std::filesystem;
 using hasten::ConfigError;
 using hasten::Environment;
@@ -143,3 +146,5 @@ TEST(ConfigLimits, TimeoutHasAnUpperBound) {
   env["HASTEN_TIMEOUT_S"] = "31536000";
   EXPECT_EQ(hasten::resolve_config({}, env).timeout_s, 31536000.0);
 }
+
+}  // namespace config_limits_tests

@@ -28,9 +28,6 @@ namespace hasten::detail {
 
 namespace {
 
-[[noreturn]] void io_error(const std::string& what, const fs::path& path) {
-  throw Error("checkpoint: cannot " + what + " '" + path.string() + "': " + std::strerror(errno));
-}
 
 std::string crc_text(uint32_t crc) {
   char buf[16];
@@ -43,7 +40,6 @@ constexpr const char* kManifest = "manifest.json";
 // temporary directory only when it carries it (never what someone else put at that name).
 constexpr const char* kSavingMark = ".hasten-saving";
 
-std::string parent_or_dot(const fs::path& p) { return p.parent_path().empty() ? std::string(".") : p.parent_path().string(); }
 
 }  // namespace
 
@@ -130,7 +126,7 @@ fs::path prepare_save(const fs::path& final_dir) {
     if (ec) throw Error("save_state: cannot remove the replaced checkpoint '" + aside.string() + "': " + ec.message());
   }
   // mkdir, not create_directories: a directory that appeared meanwhile is not taken over.
-  if (::mkdir(tmp.c_str(), 0755) != 0) io_error("create the directory", tmp);
+  if (::mkdir(tmp.c_str(), 0755) != 0) file_error("create the directory", tmp);
   write_file(tmp, kSavingMark, std::string("hasten save_state\n"));
   return tmp;
 }
@@ -183,7 +179,7 @@ void finalize_checkpoint(const fs::path& tmp, const fs::path& final_dir, int wor
     // RENAME_NOREPLACE: something that appeared at final_dir meanwhile is not replaced.
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_NOREPLACE) != 0 &&
         (errno != EINVAL || ::rename(tmp.c_str(), final_dir.c_str()) != 0))
-      io_error("rename '" + tmp.string() + "' to", final_dir);
+      file_error("rename '" + tmp.string() + "' to", final_dir);
     fsync_path(parent, true);
     return;
   }

@@ -18,22 +18,22 @@ namespace fs = std::filesystem;
 
 namespace hasten::detail {
 
-namespace {
-
 // The messages name the checkpoint: these writes are what save_state is made of (and the
 // weights files, trackers' logs and indexes reuse them).
-[[noreturn]] void io_error(const std::string& what, const fs::path& path) {
+void file_error(const std::string& what, const fs::path& path) {
   throw Error("checkpoint: cannot " + what + " '" + path.string() + "': " + std::strerror(errno));
 }
 
 std::string parent_or_dot(const fs::path& p) { return p.parent_path().empty() ? std::string(".") : p.parent_path().string(); }
+
+namespace {
 
 // Writes all of p[0, size) to fd; throws naming path.
 void write_all(int fd, const char* p, size_t size, const fs::path& path) {
   while (size > 0) {
     const ssize_t n = ::write(fd, p, size);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) io_error("write", path);
+    if (n <= 0) file_error("write", path);
     p += n;
     size -= static_cast<size_t>(n);
   }
@@ -43,10 +43,10 @@ void write_all(int fd, const char* p, size_t size, const fs::path& path) {
 
 void fsync_path(const fs::path& path, bool directory) {
   const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) io_error("open", path);
+  if (fd < 0) file_error("open", path);
   const int rc = ::fsync(fd);
   ::close(fd);
-  if (rc != 0 && !directory) io_error("flush", path);
+  if (rc != 0 && !directory) file_error("flush", path);
 }
 
 FileRecord write_file(const fs::path& dir, const std::string& name, const std::function<void(const ByteSink&)>& produce,
@@ -55,7 +55,7 @@ FileRecord write_file(const fs::path& dir, const std::string& name, const std::f
   // The directory is the save's own, made anew: a file that exists already (or a link put in
   // its place) is not overwritten or followed.
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) io_error("create", path);
+  if (fd < 0) file_error("create", path);
   FileRecord rec{name, 0, 0, chunk_size, {}};
   try {
     produce([&](const void* data, size_t size) {
@@ -71,26 +71,26 @@ FileRecord write_file(const fs::path& dir, const std::string& name, const std::f
       rec.size += size;
       write_all(fd, p, size, path);
     });
-    if (::fsync(fd) != 0) io_error("flush", path);
+    if (::fsync(fd) != 0) file_error("flush", path);
   } catch (...) {
     ::close(fd);
     throw;
   }
-  if (::close(fd) != 0) io_error("close", path);
+  if (::close(fd) != 0) file_error("close", path);
   return rec;
 }
 
 void replace_file(const fs::path& path, const std::function<void(const ByteSink&)>& produce) {
   const fs::path tmp = path.string() + ".tmp";
-  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) io_error("remove the stale", tmp);
+  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) file_error("remove the stale", tmp);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) io_error("create", tmp);
+  if (fd < 0) file_error("create", tmp);
   try {
     produce([&](const void* data, size_t size) { write_all(fd, static_cast<const char*>(data), size, tmp); });
-    if (::fsync(fd) != 0) io_error("flush", tmp);
+    if (::fsync(fd) != 0) file_error("flush", tmp);
     if (::close(fd) != 0) {
       ::unlink(tmp.c_str());
-      io_error("close", tmp);
+      file_error("close", tmp);
     }
   } catch (...) {
     ::close(fd);
@@ -101,7 +101,7 @@ void replace_file(const fs::path& path, const std::function<void(const ByteSink&
     const int e = errno;
     ::unlink(tmp.c_str());
     errno = e;
-    io_error("rename '" + tmp.string() + "' to", path);
+    file_error("rename '" + tmp.string() + "' to", path);
   }
   fsync_path(parent_or_dot(path), true);
 }

@@ -41,6 +41,12 @@ void replace_file(const std::filesystem::path& path, const std::function<void(co
 // Reads a whole file; throws Error naming it.
 std::string read_file(const std::filesystem::path& path);
 
+// Throws Error "checkpoint: cannot <what> '<path>': <strerror(errno)>".
+[[noreturn]] void file_error(const std::string& what, const std::filesystem::path& path);
+
+// The directory a path is in ("." for a bare name).
+std::string parent_or_dot(const std::filesystem::path& p);
+
 // Flushes a file or a directory (an entry made or renamed in it) to disk; throws naming it,
 // but for a directory, whose flush some file systems refuse.
 void fsync_path(const std::filesystem::path& path, bool directory);

@@ -57,12 +57,12 @@ int connect_one(const addrinfo* a, Clock::time_point deadline) {
   return fd;
 }
 
-class Client final : public StoreWire {
+class StoreConnection final : public StoreWire {
  public:
-  Client(int fd, std::string where) : fd_(fd), where_(std::move(where)) {}
-  ~Client() override { ::close(fd_); }
-  Client(const Client&) = delete;
-  Client& operator=(const Client&) = delete;
+  StoreConnection(int fd, std::string where) : fd_(fd), where_(std::move(where)) {}
+  ~StoreConnection() override { ::close(fd_); }
+  StoreConnection(const StoreConnection&) = delete;
+  StoreConnection& operator=(const StoreConnection&) = delete;
 
   // Sends one request and returns the answer's status and payload.
   std::pair<sp::Status, std::string> call(const std::string& what, sp::Op op, const std::string& key,
@@ -212,7 +212,7 @@ std::unique_ptr<StoreWire> connect_store(const std::string& host, int port, cons
     if (fd < 0) why = std::strerror(errno);
   }
   if (fd < 0) throw StoreUnreachable(why);
-  auto client = std::make_unique<Client>(fd, where);
+  auto client = std::make_unique<StoreConnection>(fd, where);
   auto [status, payload] = client->call("hello", sp::kHello, sp::kName, token, hello_ms);
   if (status == sp::kRefused) throw StoreRefused("the store at " + where + " refused this rank: " + payload);
   if (status != sp::kOk) throw StoreNoAnswer("the store at " + where + " answered the hello out of protocol");

@@ -46,7 +46,7 @@ std::string peer_name(const sockaddr_storage& addr) {
          port;
 }
 
-struct Client {
+struct ClientState {
   int fd = -1;
   std::string peer;
   std::string in, out;
@@ -130,7 +130,7 @@ class Server {
       }
       int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      Client c;
+      ClientState c;
       c.fd = fd;
       c.peer = peer_name(addr);
       c.hello_deadline = Clock::now() + Ms(sp::kHelloWithinMs);
@@ -138,14 +138,14 @@ class Server {
     }
   }
 
-  void drop(Client& c) {
+  void drop(ClientState& c) {
     if (c.fd < 0) return;
     for (auto it = waiters_.begin(); it != waiters_.end();) it = it->fd == c.fd ? waiters_.erase(it) : it + 1;
     ::close(c.fd);
     c.fd = -1;
   }
 
-  void flush(Client& c) {
+  void flush(ClientState& c) {
     while (!c.out.empty()) {
       const ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
       if (n < 0) {
@@ -159,12 +159,12 @@ class Server {
     if (c.closing) drop(c);
   }
 
-  void reply(Client& c, sp::Status status, const std::string& payload) {
+  void reply(ClientState& c, sp::Status status, const std::string& payload) {
     c.out += sp::answer(status, payload);
     flush(c);
   }
 
-  void receive(Client& c) {
+  void receive(ClientState& c) {
     char buf[65536];
     for (;;) {
       const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
@@ -200,7 +200,7 @@ class Server {
     }
   }
 
-  void handle(Client& c, const std::string& body) {
+  void handle(ClientState& c, const std::string& body) {
     if (body.size() < 5 || sp::get_u32(body.data() + 1) > sp::kMaxKey || 5 + sp::get_u32(body.data() + 1) > body.size()) {
       refuse_line("closed the connection from " + c.peer + ": it sent a malformed request (not hasten's store protocol)");
       drop(c);
@@ -288,7 +288,7 @@ class Server {
     return true;
   }
 
-  void bad(Client& c, const std::string& why) {
+  void bad(ClientState& c, const std::string& why) {
     refuse_line("closed the connection from " + c.peer + ": it sent " + why);
     c.closing = true;
     reply(c, sp::kBadRequest, why);
@@ -331,7 +331,7 @@ class Server {
   int listen_fd_;
   StoreServerOptions options_;
   std::string where_;
-  std::map<int, Client> clients_;
+  std::map<int, ClientState> clients_;
   std::vector<Waiter> waiters_;
   std::unordered_map<std::string, std::string> data_;
   int refusals_ = 0;

@@ -16,6 +16,9 @@
 
 #include "test_util.hpp"
 
+// Named, so that a unity build of this file with others has no clashing helper names.
+namespace checkpoint_tests {
+
 namespace fs = std::filesystem;
 using hasten::Accelerator;
 using hasten::Options;
@@ -790,3 +793,5 @@ TEST(Checkpoint, TheManifestChecksumOfALargeFileIsItsCrc32c) {
   EXPECT_EQ(chunks[1].get<std::string>(), hasten::test::crc32c_text(bytes.substr(1 << 20)));
   EXPECT_EQ(acc.load_state(ckpt.string()), ckpt.string());
 }
+
+}  // namespace checkpoint_tests

@@ -20,6 +20,9 @@
 #include "test_tensor_util.hpp"
 #include "test_util.hpp"
 
+// Named, so that a unity build of this file with others has no clashing helper names.
+namespace dispatch_tests {
+
 using hasten::Accelerator;
 using hasten::test::Lists;
 using hasten::test::require;
@@ -379,3 +382,5 @@ TEST(SkipFirstBatches, UnpreparedStream) {
   for (auto& b : hasten::skip_first_batches(loader, 3)) got.push_back(to_vector(b.input));
   EXPECT_TRUE(got.empty());
 }
+
+}  // namespace dispatch_tests

@@ -19,6 +19,9 @@
 #include "test_tensor_util.hpp"
 #include "test_util.hpp"
 
+// Named, so that a unity build of this file with others has no clashing helper names.
+namespace sampler_tests {
+
 using hasten::Accelerator;
 using hasten::test::Lists;
 
@@ -685,3 +688,5 @@ TEST(DistributedDataLoop, SkipFirstBatchesOnTwoRanks) {
       },
       with_ranks(2));
 }
+
+}  // namespace sampler_tests

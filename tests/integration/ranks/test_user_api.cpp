@@ -9,6 +9,9 @@
 
 #include "test_util.hpp"
 
+// Named, so that a unity build of this file with others has no clashing helper names.
+namespace user_api_tests {
+
 namespace fs = std::filesystem;
 using hasten::Accelerator;
 using hasten::Options;
@@ -424,3 +427,5 @@ TEST(UserApi, GatherIsACopyAndTupleOutputsComeBackFloat32) {
   EXPECT_EQ(a.scalar_type(), torch::kFloat);
   EXPECT_EQ(b.scalar_type(), torch::kFloat);
 }
+
+}  // namespace user_api_tests
