@@ -59,9 +59,8 @@
 
 namespace hasten {
 
-using HparamValue = std::variant<bool, int64_t, double, std::string>;
-using Hparams = std::vector<std::pair<std::string, HparamValue>>;
-using Metrics = std::vector<std::pair<std::string, double>>;
+// Seeds LibTorch's generators on this process (plus its rank with device_specific).
+void set_seed(uint64_t seed, bool device_specific = false);
 
 class Accelerator {
  public:
@@ -247,7 +246,9 @@ class Accelerator {
   }
 
   // Seeds LibTorch's generators (plus the process index with device_specific).
-  void set_seed(uint64_t seed, bool device_specific = false) const;
+  void set_seed(uint64_t seed, bool device_specific = false) const {
+    hasten::set_seed(seed + (device_specific ? static_cast<uint64_t>(process_index()) : 0), false);
+  }
 
   // Collectives: every rank must call them, in the same order.
   torch::Tensor gather(const torch::Tensor& tensor) { return engine_->gather(tensor); }
@@ -376,7 +377,9 @@ class Accelerator {
   // Sets every rank's generators to rank 0's (Accelerate's synchronize_rng_states): "torch"
   // (LibTorch's default CPU generator), "cuda" (the default generator of this process's CUDA
   // device), "generator" (`generator`). Collective.
-  void synchronize_rng_states(const std::vector<std::string>& rng_types, torch::Generator generator = {});
+  void synchronize_rng_states(const std::vector<std::string>& rng_types, torch::Generator generator = {}) {
+    engine_->synchronize_rng_states(rng_types, std::move(generator));
+  }
   // Wrap fn so that calling it runs fn only on that process (hasten/run_on.hpp): void stays
   // void, a result R comes back as std::optional<R>, empty elsewhere.
   template <class F>
@@ -450,7 +453,9 @@ class Accelerator {
   }
 
   // Trackers (config key `trackers`), on the main process only.
-  void init_trackers(const std::string& project, const Hparams& hparams = {});
+  void init_trackers(const std::string& project, const Hparams& hparams = {}) {
+    engine_->init_trackers(project, hparams);
+  }
   void log(const Metrics& values, int64_t step = -1) { engine_->log(values, step); }
   // A text entry (a sample, a note) for the trackers that keep text; the others skip it.
   void log_text(const std::string& name, const std::string& text, int64_t step = -1) {
@@ -474,8 +479,5 @@ class Accelerator {
 
   std::shared_ptr<detail::Engine> engine_;
 };
-
-// Seeds LibTorch's generators on this process (plus its rank with device_specific).
-void set_seed(uint64_t seed, bool device_specific = false);
 
 }  // namespace hasten

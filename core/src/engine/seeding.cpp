@@ -1,6 +1,7 @@
 // Seeding: LibTorch's and the C library's generators, per process or per rank; and
 // synchronize_rng_states, which gives every rank rank 0's generator states.
-#include <hasten/accelerator.hpp>
+#include <hasten/detail/engine.hpp>
+#include <hasten/error.hpp>
 #include <hasten/process.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -20,28 +21,24 @@ void set_seed(uint64_t seed, bool device_specific) {
   std::srand(static_cast<unsigned>(s));
 }
 
-void Accelerator::set_seed(uint64_t seed, bool device_specific) const {
-  hasten::set_seed(seed + (device_specific ? static_cast<uint64_t>(process_index()) : 0), false);
-}
-
 namespace {
 
 // Rank 0's state of `gen`, set on every rank (Accelerate's synchronize_rng_state broadcasts
 // from rank 0 whatever from_process other collectives use).
-void synchronize(Accelerator& acc, at::Generator gen) {
+void synchronize(detail::Engine& engine, at::Generator gen) {
   torch::Tensor state;
   {
     std::lock_guard<std::mutex> lock(gen.mutex());
     state = gen.get_state();
   }
-  state = acc.broadcast(state, 0);
+  state = engine.broadcast(state, 0);
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
 }
 
 }  // namespace
 
-void Accelerator::synchronize_rng_states(const std::vector<std::string>& rng_types, torch::Generator generator) {
+void detail::Engine::synchronize_rng_states(const std::vector<std::string>& rng_types, torch::Generator generator) {
   // Every name is checked before the first collective, so a bad list fails alike on every rank.
   for (const auto& type : rng_types) {
     if (type == "generator") {

@@ -4,7 +4,7 @@
 // that fails once it runs (an unwritable directory, a full disk, a crash of its host process)
 // is reported in one warning and dropped: losing a log must not end the training it records,
 // and the other trackers keep every value.
-#include <hasten/accelerator.hpp>
+#include <hasten/detail/engine.hpp>
 #include <hasten/error.hpp>
 #include <hasten/logging.hpp>
 #include <hasten/registry.hpp>
@@ -108,11 +108,11 @@ void Engine::end_training() {
 
 namespace hasten {
 
-void Accelerator::init_trackers(const std::string& project, const Hparams& hparams) {
+void detail::Engine::init_trackers(const std::string& project, const Hparams& hparams) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   for (auto& [key, value] : hparams)
     std::visit([&, k = key](const auto& v) { j[k] = v; }, value);
-  engine_->init_trackers(project, j.dump());
+  init_trackers(project, j.dump());
 }
 
 }  // namespace hasten

@@ -16,10 +16,15 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace hasten {
 enum class ReduceOp { Sum = 0, Avg = 1, Min = 2, Max = 3 };
+// Accelerator::init_trackers's hyperparameters and Accelerator::log's values.
+using HparamValue = std::variant<bool, int64_t, double, std::string>;
+using Hparams = std::vector<std::pair<std::string, HparamValue>>;
+using Metrics = std::vector<std::pair<std::string, double>>;
 }  // namespace hasten
 
 namespace hasten::detail {
@@ -181,6 +186,10 @@ class Engine {
 
   // Trackers.
   void init_trackers(const std::string& project, const std::string& hparams_json);
+  void init_trackers(const std::string& project, const Hparams& hparams);
+  // Rank 0's generator states on every rank: "torch" (CPU), "cuda" (this rank's device),
+  // "generator" (the one given). Checks every name before the first collective.
+  void synchronize_rng_states(const std::vector<std::string>& rng_types, torch::Generator generator);
   void log(const std::vector<std::pair<std::string, double>>& values, int64_t step);
   void log_text(const std::string& name, const std::string& text, int64_t step);
   void end_training();
