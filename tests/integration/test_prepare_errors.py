@@ -2,13 +2,13 @@
 error that says what to do, printed first (not hundreds of lines of template instantiation):
 prepare_errors.cpp, compiled with the project's own command for it (compile_commands.json),
 once per HASTEN_CASE; without a case it must compile, so the flags are not the failure."""
-import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+
+from compile_command import command_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SNIPPET = os.path.join(HERE, "prepare_errors.cpp")
@@ -28,16 +28,6 @@ CASES = {
 def fail(message):
     print("FAIL:", message)
     sys.exit(1)
-
-
-def command_for(snippet):
-    with open("compile_commands.json") as f:  # the build directory is the working directory
-        entries = json.load(f)
-    for e in entries:
-        if os.path.realpath(e["file"]) == os.path.realpath(snippet):
-            args = e["arguments"] if "arguments" in e else shlex.split(e["command"])
-            return args, e["directory"]
-    fail(f"no compile command for {snippet} in compile_commands.json")
 
 
 def compile_case(args, directory, out_dir, case):

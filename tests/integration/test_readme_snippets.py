@@ -2,14 +2,14 @@
 includes: each ```cpp block of README.md, after the few declarations it leaves to the reader
 (CONTEXT below: a block without an entry fails, so a new snippet cannot go untested), compiled with
 the project's own command for prepare_errors.cpp (compile_commands.json) and -std=c++NN."""
-import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+
+from compile_command import command_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -39,16 +39,6 @@ CONTEXT = {
 def fail(message):
     print("FAIL:", message)
     sys.exit(1)
-
-
-def command_for(source):
-    with open("compile_commands.json") as f:  # the build directory is the working directory
-        entries = json.load(f)
-    for e in entries:
-        if os.path.realpath(e["file"]) == os.path.realpath(source):
-            args = e["arguments"] if "arguments" in e else shlex.split(e["command"])
-            return args, e["directory"]
-    fail(f"no compile command for {source} in compile_commands.json")
 
 
 text = open(README).read()

@@ -24,7 +24,7 @@
  *   symbol _v2); HASTEN_ABI_MINOR grows with every field, slot or enum value appended, and the
  *   table below says what each minor added. A plugin built against 1.N loads in every host of
  *   major 1; a host reads a field of minor > N as NULL/0 and never calls a slot the plugin's
- *   struct_size does not cover. tests/abi/v1_0 keeps the 1.0 header and a plugin built on it.
+ *   struct_size does not cover. tests/abi/frozen keeps every minor's header and a plugin built on each.
  *
  *     minor  added
  *     1.0    everything not listed below

@@ -1,4 +1,5 @@
-/* A tracker compiled against the frozen ABI 1.0 header (tests/abi/v1_0/hasten/plugin.h): it
+/* A tracker compiled against the frozen ABI 1.0 header (tests/abi/frozen/1.0/hasten/plugin.h) and,
+ * by tests/abi/CMakeLists.txt, against each later minor's frozen header: it
  * proves that a host of a later minor still loads a 1.0 plugin and hands it the 1.0 layouts
  * (hasten_scalar without a struct header). It writes "step name value" lines and
  * "text step name: text" lines to <logging_dir>/<project>/v1_0_tracker.txt. */

@@ -1,6 +1,6 @@
 /*
  * hasten plugin ABI, version 1.0: a frozen copy of the header as released, kept so that
- * tests/abi/v1_0 can build plugins against it and prove that newer hosts still load them.
+ * tests/abi/frozen can build plugins against it and prove that newer hosts still load them.
  * Do not edit.
  *
  * The one contract between the hasten core (the "host") and its plugins: strategies,
