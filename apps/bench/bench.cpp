@@ -12,11 +12,11 @@
 //
 //   hasten-bench --workload mlp-small --mode ddp2 zero3 --impl hasten
 //   hasten-bench --collectives --comm shm gloo
-#include <hasten/hasten.hpp>
+#include <hasten/error.hpp>
+#include <hasten/launch.hpp>
 #include <hasten/runtime_info.hpp>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include <fcntl.h>
 #include <time.h>
@@ -31,20 +31,15 @@
 
 #include "../cli_checks.hpp"
 #include "../error_line.hpp"
+#include "bench_runs.hpp"
 #include "max_model.hpp"
 #include "runner.hpp"
 #include "workloads.hpp"
 
 namespace {
 
-struct Mode {
-  std::string name;
-  int world;
-  std::string strategy;
-  std::string precision;
-  int accumulation;
-  bool units;
-};
+using hasten::bench::Mode;
+
 
 const std::vector<Mode>& modes() {
   static const std::vector<Mode> m = {
@@ -72,204 +67,6 @@ void prepare_environment(char** argv) {
   }
   ::execv("/proc/self/exe", argv);
   std::cerr << "hasten-bench: warning: cannot re-execute with the benchmark environment" << std::endl;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
-// The bytes one rank must move in a collective of `bytes` per rank on `world` ranks, as a plain
-// memcpy would move them: an allgather writes world x bytes of output, a reduce_scatter reads
-// world slices (its whole input), an allreduce rewrites its buffer.
-int64_t copy_bytes(const std::string& op, int64_t bytes, int world) {
-  return op == "allgather" ? bytes * world : bytes;
-}
-
-void collectives(const std::string& comm, int64_t max_bytes) {
-  hasten::LaunchOptions lo;
-  lo.num_processes = 2;
-  lo.env["HASTEN_COMM"] = comm;
-  hasten::launch(
-      [comm, max_bytes] {
-        hasten::Accelerator acc;
-        using Clock = std::chrono::steady_clock;
-        const int world = acc.num_processes();
-        for (const std::string op : {"allreduce", "allgather", "reduce_scatter"}) {
-          for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
-            const int64_t n = bytes / 4;
-            // Every buffer is allocated and touched once, outside the timing: a collective
-            // into a fresh tensor would time the kernel's page faults, not the collective.
-            auto t = torch::ones({n});
-            auto gathered = torch::zeros({n * world});
-            auto scattered = torch::zeros({n / world});
-            const int64_t copy = copy_bytes(op, bytes, world);
-            auto copy_src = torch::ones({copy / 4}), copy_dst = torch::zeros({copy / 4});
-            auto run_once = [&] {
-              if (op == "allreduce")
-                acc.all_reduce_(t, hasten::ReduceOp::Sum).wait();
-              else if (op == "allgather")
-                acc.all_gather_into(gathered, t);
-              else
-                acc.reduce_scatter_into(scattered, t, hasten::ReduceOp::Sum);
-            };
-            auto seconds = [](auto&& f) {
-              const auto t0 = Clock::now();
-              f();
-              return std::chrono::duration<double>(Clock::now() - t0).count();
-            };
-            // Wall and CPU seconds of the calling thread (shm's waits sleep on a futex after a
-            // 100 us spin, so its CPU time is the copying and reducing, not the waiting for a
-            // core: on a machine with more runnable processes than cores that is the figure
-            // the load leaves alone).
-            auto wall_and_cpu = [](auto&& f) {
-              timespec c0{}, c1{};
-              ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
-              const auto t0 = Clock::now();
-              f();
-              const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
-              ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
-              return std::pair<double, double>{wall, (c1.tv_sec - c0.tv_sec) + (c1.tv_nsec - c0.tv_nsec) * 1e-9};
-            };
-            double each = 0;
-            for (int i = 0; i < 3; ++i) each += seconds(run_once) / 3;
-            // Every rank must run the same number of iterations: agree on the largest wish
-            // (about 0.3 s of work, 5 to 200 iterations).
-            const int64_t wish = std::clamp<int64_t>(static_cast<int64_t>(0.3 / std::max(each, 1e-7)), 5, 200);
-            const int64_t iterations = acc.reduce(torch::tensor({wish}), "max").item<int64_t>();
-            // The copy bound: every rank copies its bytes at the same moment, as in the
-            // collective, interleaved with it so that both see the same machine.
-            std::vector<double> times, copies, cpu_times, cpu_copies;
-            for (int64_t i = 0; i < iterations; ++i) {
-              acc.wait_for_everyone();
-              const auto c = wall_and_cpu([&] { std::memcpy(copy_dst.data_ptr(), copy_src.data_ptr(), static_cast<size_t>(copy)); });
-              copies.push_back(c.first);
-              cpu_copies.push_back(c.second);
-              acc.wait_for_everyone();
-              const auto t = wall_and_cpu(run_once);
-              times.push_back(t.first);
-              cpu_times.push_back(t.second);
-            }
-            // The slowest rank decides.
-            auto slowest = [&](double mine) { return acc.reduce(torch::tensor({mine}, torch::kDouble), "max").item<double>(); };
-            const double took = slowest(median(times)), bound = slowest(median(copies));
-            const double cpu_took = slowest(median(cpu_times)), cpu_bound = slowest(median(cpu_copies));
-            if (acc.is_main_process())
-              std::cout << nlohmann::ordered_json{{"impl", "hasten"}, {"comm", comm}, {"op", op}, {"bytes", bytes},
-                                                  {"median_ms", took * 1e3}, {"gb_per_s", bytes / took / 1e9},
-                                                  {"copy_bytes", copy}, {"copy_ms", bound * 1e3},
-                                                  {"vs_copy", took / bound}, {"cpu_ms", cpu_took * 1e3},
-                                                  {"copy_cpu_ms", cpu_bound * 1e3},
-                                                  {"cpu_vs_copy", cpu_bound > 0 ? cpu_took / cpu_bound : 0.0},
-                                                  {"iterations", times.size()},
-                                                  {"world_size", world}}
-                               .dump()
-                        << std::endl;
-          }
-        }
-      },
-      lo);
-}
-
-// Bytes of every file under dir.
-uint64_t bytes_under(const std::filesystem::path& dir) {
-  uint64_t total = 0;
-  for (auto& e : std::filesystem::recursive_directory_iterator(dir))
-    if (e.is_regular_file()) total += e.file_size();
-  return total;
-}
-
-// Seconds to write `write_bytes` sequentially into a new file and fsync it, then to read
-// `read_bytes` of it back into memory that holds them (allocated and touched beforehand, as a
-// model's parameters and optimizer state are): the plain file I/O a checkpoint is compared
-// with, on the same disk. A file shorter than read_bytes is first extended, untimed.
-std::pair<double, double> plain_io(const std::filesystem::path& file, uint64_t write_bytes, uint64_t read_bytes) {
-  using Clock = std::chrono::steady_clock;
-  std::vector<char> buf(8 << 20, 1);
-  auto write_part = [&](int fd, uint64_t bytes) {
-    for (uint64_t left = bytes; left > 0;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(left, buf.size()));
-      if (::write(fd, buf.data(), n) != static_cast<ssize_t>(n)) throw hasten::Error("write failed: '" + file.string() + "'");
-      left -= n;
-    }
-    ::fsync(fd);
-  };
-  auto t0 = Clock::now();
-  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw hasten::Error("cannot write '" + file.string() + "'");
-  write_part(fd, write_bytes);
-  const double write_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (read_bytes > write_bytes) write_part(fd, read_bytes - write_bytes);
-  ::close(fd);
-  std::vector<char> dst(static_cast<size_t>(read_bytes), 0);  // touched: its pages exist, as the state's do
-  t0 = Clock::now();
-  const int in = ::open(file.c_str(), O_RDONLY);
-  for (uint64_t done = 0; done < read_bytes;) {
-    const ssize_t n = ::read(in, dst.data() + done, static_cast<size_t>(std::min<uint64_t>(read_bytes - done, 8 << 20)));
-    if (n <= 0) break;
-    done += static_cast<uint64_t>(n);
-  }
-  ::close(in);
-  const double read_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::filesystem::remove(file);
-  return {write_s, read_s};
-}
-
-// save_state and load_state of a workload after one training step (so that the optimizer has
-// state), against plain sequential I/O of the same bytes; the slowest rank decides.
-void checkpoints(const std::string& workload, const Mode& mode, const std::string& dir) {
-  hasten::LaunchOptions lo;
-  lo.num_processes = mode.world;
-  lo.timeout_s = 3600;
-  hasten::launch(
-      [&] {
-        namespace W = hasten::workloads;
-        using Clock = std::chrono::steady_clock;
-        hasten::Options o;
-        o.strategy = mode.strategy;
-        o.project_dir = dir;
-        hasten::Accelerator acc(o);
-        torch::manual_seed(0);
-        auto model = W::build_model(workload, mode.units);
-        torch::optim::AdamW optimizer(model->parameters(), W::optimizer_options());
-        auto [inputs, targets] = W::build_data(workload);
-        auto [net, opt] = acc.prepare(model, optimizer);
-        const int64_t b = W::spec(workload).batch;
-        acc.backward(W::loss(workload, net(W::model_input(workload, inputs.narrow(0, 0, b))), targets.narrow(0, 0, b)));
-        opt.step();
-        auto slowest = [&](double s) { return acc.reduce(torch::tensor({s}, torch::kDouble), "max").item<double>(); };
-        std::vector<double> saves, loads;
-        std::string last;
-        for (int i = 0; i < 3; ++i) {
-          acc.wait_for_everyone();
-          auto t0 = Clock::now();
-          last = acc.save_state();
-          saves.push_back(slowest(std::chrono::duration<double>(Clock::now() - t0).count()));
-          acc.wait_for_everyone();
-          t0 = Clock::now();
-          acc.load_state(last);
-          loads.push_back(slowest(std::chrono::duration<double>(Clock::now() - t0).count()));
-        }
-        const uint64_t bytes = bytes_under(last);
-        // Each rank writes its share of the checkpoint's bytes and reads back the bytes it
-        // must load: the state it holds (parameters or their shards, and optimizer state),
-        // all of it under ddp (every rank holds everything), its shards under zero/fsdp.
-        const hasten::MemoryReport held = acc.memory_report();
-        const uint64_t must_load = held.params + held.param_shards + held.optimizer;
-        const auto [write_s, read_s] = plain_io(std::filesystem::path(dir) / (".plain" + std::to_string(acc.process_index())),
-                                                bytes / static_cast<uint64_t>(acc.num_processes()), must_load);
-        const uint64_t most_load = static_cast<uint64_t>(slowest(static_cast<double>(must_load)));
-        const double plain_write = slowest(write_s), plain_read = slowest(read_s);
-        const double save = median(saves), load = median(loads);
-        if (acc.is_main_process())
-          std::cout << nlohmann::ordered_json{{"impl", "hasten"}, {"bench", "checkpoint"}, {"workload", workload},
-                                              {"mode", mode.name}, {"bytes", bytes}, {"load_bytes_per_rank", most_load}, {"save_s", save}, {"load_s", load},
-                                              {"plain_write_s", plain_write}, {"plain_read_s", plain_read},
-                                              {"save_vs_plain", plain_write / save}, {"load_vs_plain", plain_read / load}}
-                           .dump()
-                    << std::endl;
-      },
-      lo);
 }
 
 }  // namespace
@@ -362,13 +159,13 @@ int main(int argc, char** argv) {
           if (it == modes().end()) throw hasten::Error("unknown mode '" + name + "'");
           const std::string dir = checkpoint_dir + "/" + w + "-" + name;
           std::filesystem::remove_all(dir);
-          checkpoints(w, *it, dir);
+          hasten::bench::checkpoints(w, *it, dir);
           std::filesystem::remove_all(dir);
         }
       return 0;
     }
     if (run_collectives) {
-      for (auto& c : comms) collectives(c, max_bytes);
+      for (auto& c : comms) hasten::bench::collectives(c, max_bytes);
       return 0;
     }
     if (mode_names.empty())

@@ -8,12 +8,13 @@
 //   hasten-char-lm --max_steps 200 --project_dir runs/charlm
 //   hasten launch --num_processes 2 build/bin/hasten-char-lm --max_steps 200 --project_dir runs/charlm
 //   hasten-char-lm --files fortunes --init_from runs/pretrained --max_steps 50   # fine-tune
+#include "char_lm.hpp"
+
 #include <hasten/hasten.hpp>
 #include <hasten/runtime_info.hpp>
 #include <hasten/schedulers.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -29,36 +30,10 @@ using hasten::workloads::TinyGptImpl;
 
 namespace {
 
+using hasten::examples::char_lm::Args;
+
 constexpr int64_t kVocab = 256;  // byte values: every file of any corpus encodes, and weights fit any --files
 
-struct Args {
-  int64_t epochs = 1;
-  int64_t max_steps = 0;
-  int64_t batch_size = 8;
-  int64_t eval_batch_size = 64;
-  int64_t accumulation = 4;
-  int64_t context = 64;
-  int64_t d_model = 128;
-  int64_t n_layer = 4;
-  int64_t n_head = 4;
-  double lr = 2e-3;
-  double weight_decay = 0.1;
-  int64_t warmup_steps = -1;  // -1: a tenth of the optimizer steps
-  double max_grad_norm = 1.0;
-  double val_fraction = 0.1;
-  int64_t val_windows = 256;
-  uint64_t seed = 0;
-  int threads = 1;
-  int64_t log_every = 10;
-  int64_t checkpoint_every = 0;
-  int64_t sample_chars = 300;
-  double temperature = 0.8;
-  std::string prompt;
-  std::string data_dir = ex::kFortunesDir;
-  std::vector<std::string> files;
-  std::string init_from, save_model;
-  bool resume = false, json = false, quiet = false;
-};
 
 // Where the run is, saved in every checkpoint so that --resume continues there.
 struct Progress {
@@ -128,7 +103,7 @@ std::string generate(TinyGptImpl& net, const std::string& prompt, int64_t contex
   return out;
 }
 
-int train(const Args& a, hasten::Options options) {
+int run_training(const Args& a, hasten::Options options) {
   const auto t0 = std::chrono::steady_clock::now();
   // Before the Accelerator: a missing corpus is reported at once, not after a rendezvous.
   const ex::Corpus corpus = ex::load_fortunes(a.data_dir, a.files, a.val_fraction);
@@ -320,145 +295,10 @@ int train(const Args& a, hasten::Options options) {
   return 0;
 }
 
-// CLI11's own range checks print the type's whole range; these say what is allowed in words.
-CLI::Validator whole_number(int64_t min) {
-  return CLI::Validator(
-      [min](std::string& s) -> std::string {
-        try {
-          size_t used = 0;
-          if (std::stoll(s, &used) >= min && used == s.size()) return {};
-        } catch (const std::exception&) {
-        }
-        return "expects a whole number >= " + std::to_string(min) + ", got '" + s + "'";
-      },
-      "INT>=" + std::to_string(min));
-}
-
-// A number in (lo, hi) (hi < 0: no upper bound).
-CLI::Validator real_in(double lo, double hi) {
-  const std::string range = hi < 0 ? "> " + CLI::detail::to_string(lo) : "in (" + CLI::detail::to_string(lo) + ", " + CLI::detail::to_string(hi) + ")";
-  return CLI::Validator(
-      [lo, hi, range](std::string& s) -> std::string {
-        try {
-          size_t used = 0;
-          const double v = std::stod(s, &used);
-          if (used == s.size() && v > lo && (hi < 0 || v < hi)) return {};
-        } catch (const std::exception&) {
-        }
-        return "expects a number " + range + ", got '" + s + "'";
-      },
-      "NUMBER");
-}
-
 }  // namespace
 
-int main(int argc, char** argv) {
-  Args a;
-  CLI::App app{"hasten-char-lm: train a character-level GPT on the fortunes corpus through hasten"};
-  app.add_option("--epochs", a.epochs, "Passes over the training text (0: only evaluate and sample the initial weights)")
-      ->check(whole_number(0));
-  app.add_option("--max_steps,--max-steps", a.max_steps, "Stop after this many optimizer steps in all (0: no limit)")
-      ->check(whole_number(0));
-  app.add_option("--batch_size,--batch-size", a.batch_size, "Per-process micro-batch, in windows of --context bytes")
-      ->check(whole_number(1));
-  app.add_option("--eval_batch_size,--eval-batch-size", a.eval_batch_size, "Per-process batch of the validation")
-      ->check(whole_number(1));
-  app.add_option("--gradient_accumulation_steps,--gradient-accumulation-steps", a.accumulation,
-                 "Micro-batches per optimizer step")
-      ->check(whole_number(1));
-  app.add_option("--context", a.context, "Bytes of context the model sees")->check(whole_number(1));
-  app.add_option("--d_model,--d-model", a.d_model, "Width of the transformer")->check(whole_number(1));
-  app.add_option("--n_layer,--n-layer", a.n_layer, "Encoder layers")->check(whole_number(1));
-  app.add_option("--n_head,--n-head", a.n_head, "Attention heads (must divide --d_model)")->check(whole_number(1));
-  app.add_option("--lr", a.lr, "AdamW's peak learning rate")->check(real_in(0, -1));
-  app.add_option("--weight_decay,--weight-decay", a.weight_decay, "AdamW's weight decay (not on biases and norms)")
-      ->check(CLI::Validator(
-          [](std::string& s) -> std::string {
-            try {
-              size_t used = 0;
-              if (std::stod(s, &used) >= 0 && used == s.size()) return {};
-            } catch (const std::exception&) {
-            }
-            return "expects a number >= 0, got '" + s + "'";
-          },
-          "NUMBER>=0"));
-  app.add_option("--warmup_steps,--warmup-steps", a.warmup_steps,
-                 "Linear warmup before the cosine decay, in optimizer steps (default: a tenth of them)")
-      ->check(whole_number(0));
-  app.add_option("--max_grad_norm,--max-grad-norm", a.max_grad_norm, "Clip the gradients' global norm on every step")
-      ->check(real_in(0, -1));
-  app.add_option("--val_fraction,--val-fraction", a.val_fraction, "Fraction of the fortunes held out, evenly spread")
-      ->check(real_in(0, 1));
-  app.add_option("--val_windows,--val-windows", a.val_windows,
-                 "Validation windows, evenly spaced over the held-out text (0: all)")
-      ->check(whole_number(0));
-  app.add_option("--seed", a.seed, "Seed of the initial weights, the shuffle order and the sampling");
-  app.add_option("--threads", a.threads, "Intra-op threads per process (LibTorch's pool, which sizes MKL's; an OpenBLAS's own pool)")->check(whole_number(1));
-  app.add_option("--log_every,--log-every", a.log_every, "Log loss, gradient norm and lr every N steps (0: off)")
-      ->check(whole_number(0));
-  app.add_option("--checkpoint_every,--checkpoint-every", a.checkpoint_every,
-                 "Also save a checkpoint every N optimizer steps (0: at the end of each epoch and of the run only)")
-      ->check(whole_number(0));
-  app.add_option("--sample_chars,--sample-chars", a.sample_chars, "Bytes of text to generate at the end (0: none)")
-      ->check(whole_number(0));
-  app.add_option("--temperature", a.temperature, "Sampling temperature")->check(real_in(0, -1));
-  app.add_option("--prompt", a.prompt, "Text the generated fortune starts with");
-  app.add_option("--data_dir,--data-dir", a.data_dir, "Directory of the fortune files");
-  app.add_option("--files", a.files, "Corpus files to use, by name (default: all); comma-separated or repeated")
-      ->delimiter(',');
-  app.add_option("--init_from,--init-from", a.init_from,
-                 "Start from weights written by save_model (a directory or .safetensors file) or a checkpoint");
-  app.add_option("--save_model,--save-model", a.save_model, "Write the final weights here (save_model)");
-  std::string project_dir, config_file, mp = "bf16", strategy;
-  std::vector<std::string> trackers, sets;
-  app.add_option("--project_dir,--project-dir", project_dir,
-                 "Checkpoints (<dir>/checkpoints) and tracker logs (<dir>/hasten_logs); default: the config's");
-  app.add_flag("--resume", a.resume, "Continue from the newest complete checkpoint under <project_dir>, if any");
-  app.add_flag("--json", a.json, "Print only a JSON summary line (main process)");
-  app.add_flag("--quiet", a.quiet, "No progress bar");
-  app.add_option("--config_file,--config-file", config_file, "hasten config file");
-  app.add_option("--mixed_precision,--mixed-precision", mp, "no, bf16 or fp16 (set in code: overrides the config's)")
-      ->capture_default_str();
-  app.add_option("--strategy", strategy, "Strategy plugin (single, ddp, zero1-3, fsdp...)");
-  app.add_option("--trackers,--log_with", trackers, "Tracker plugins (e.g. csv jsonl)");
-  app.add_option("--set", sets, "Any config key, KEY=VALUE (repeatable)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "hasten-char-lm: error: " << e.what() << " (see --help)" << std::endl;
-    return 2;
-  }
-  if (a.d_model % a.n_head != 0) {
-    std::cerr << "hasten-char-lm: error: --n_head " << a.n_head << " does not divide --d_model " << a.d_model
-              << " (each head gets d_model / n_head dimensions)" << std::endl;
-    return 2;
-  }
-  hasten::Options options;
-  for (const auto& kv : sets) {
-    const auto eq = kv.find('=');
-    if (eq == std::string::npos) {
-      std::cerr << "hasten-char-lm: error: --set expects KEY=VALUE, got '" << kv << "'" << std::endl;
-      return 2;
-    }
-    options.set.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
-  }
-  if (!project_dir.empty()) options.project_dir = project_dir;
-  if (!config_file.empty()) options.config_file = config_file;
-  options.mixed_precision = mp;
-  if (!strategy.empty()) options.strategy = strategy;
-  if (!trackers.empty()) options.trackers = trackers;
-  try {
-    return train(a, options);
-  } catch (const ex::CorpusMissing& e) {
-    std::cerr << "hasten-char-lm: error: " << e.what() << std::endl;
-    return 3;
-  } catch (const ex::CorpusRequestError& e) {
-    std::cerr << "hasten-char-lm: error: " << e.what() << std::endl;
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "hasten-char-lm: error: " << e.what() << std::endl;
-    return 1;
-  }
-}
+namespace hasten::examples::char_lm {
+
+int train(const Args& a, hasten::Options options) { return run_training(a, std::move(options)); }
+
+}  // namespace hasten::examples::char_lm

@@ -8,20 +8,18 @@
 //   - gather and reduce return what each rank contributed.
 // Each rank writes its verdict as JSON to <--result DIR>/rank_<r>.json; an error ends the rank
 // with exit 1 after writing the error's one line there too.
+#include "selftest.hpp"
+
 #include <hasten/hasten.hpp>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <fstream>
-#include <iostream>
 #include <sstream>
 
-#include "../cli_checks.hpp"
-#include "../error_line.hpp"
-
+namespace hasten::selftest {
 namespace {
 
 struct NetImpl : torch::nn::Module {
@@ -34,17 +32,14 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-// A check that did not hold: its message is the rank's verdict.
-struct CheckFailed : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 std::string show(double v) {
   std::ostringstream o;
   o.precision(4);
   o << v;
   return o.str();
 }
+
+}  // namespace
 
 void write_result(const std::string& dir, int rank, const nlohmann::ordered_json& result) {
   if (dir.empty()) return;
@@ -128,34 +123,4 @@ nlohmann::ordered_json run(int64_t steps) {
   return result;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"hasten-selftest: the training run of `hasten test` (start it through hasten test or hasten launch)"};
-  int64_t steps = 60;
-  std::string result_dir;
-  app.add_option("--steps", steps, "Training steps")->check(hasten::cli::integer_in(10, 100000));
-  app.add_option("--result", result_dir, "Directory for each rank's verdict (rank_<r>.json)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "hasten-selftest: error: " << e.what() << std::endl;
-    return 2;
-  }
-  // The rank for the verdict's file name, before the Accelerator (whose construction can fail).
-  int rank = 0;
-  if (const char* r = std::getenv("RANK")) rank = std::atoi(r);
-  try {
-    const auto result = run(steps);
-    write_result(result_dir, rank, result);
-    return 0;
-  } catch (const std::exception& e) {
-    const std::string line = hasten::cli::error_line(e);
-    write_result(result_dir, rank, {{"rank", rank}, {"ok", false}, {"error", line},
-                                    {"check", dynamic_cast<const CheckFailed*>(&e) != nullptr}});
-    std::cerr << "hasten-selftest: error: " << line << std::endl;
-    return 1;
-  }
-}
+}  // namespace hasten::selftest

@@ -5,7 +5,7 @@
 // The printout is one JSON list of {"name", "dtype", "shape", "values"}, values flattened in
 // row-major order: floating-point ones as the doubles they widen to exactly (so Python can
 // compare them bit for bit), integers as integers, BOOL as true/false.
-#include <hasten/hasten.hpp>
+#include <hasten/safetensors.hpp>
 
 #include <nlohmann/json.hpp>
 
