@@ -108,8 +108,8 @@ void Engine::Impl::CheckpointLoad::check() const {
   expect("models", state_.value("models", size_t{0}), s_.models.size());
   expect("optimizers", state_["optimizers"].value("count", size_t{0}), s_.optimizers.size());
   expect("schedulers", state_["schedulers"].size(), s_.schedulers.size());
-  expect("data loaders", state_["loaders"].size(), s_.loaders.size());
-  expect("objects registered for checkpointing", state_["custom"].size(), s_.checkpoint_objects.size());
+  expect("data loaders", state_["loaders"].size(), s_.data.loaders.size());
+  expect("objects registered for checkpointing", state_["custom"].size(), s_.checkpoints.objects.size());
   for (size_t k = 0; k < s_.schedulers.size(); ++k)
     if (s_.schedulers[k].steps > state_["schedulers"][k].get<int64_t>())
       throw Error("load_state: scheduler " + std::to_string(k) + " has taken " + std::to_string(s_.schedulers[k].steps) +
@@ -125,17 +125,17 @@ void Engine::Impl::CheckpointLoad::check() const {
                   std::to_string(saved_world_) + " ranks under " + state_.value("strategy", "?") +
                   "; it loads only on as many ranks under the same strategy");
   }
-  for (size_t i = 0; i < s_.checkpoint_objects.size(); ++i) {
+  for (size_t i = 0; i < s_.checkpoints.objects.size(); ++i) {
     const bool tensors = state_["custom"][i] == "tensors";
-    if (tensors != static_cast<bool>(s_.checkpoint_objects[i].load_tensors))
+    if (tensors != static_cast<bool>(s_.checkpoints.objects[i].load_tensors))
       throw Error("load_state: registered object " + std::to_string(i) + " saved " + (tensors ? "tensors" : "bytes") +
                   " but now loads " + (tensors ? "bytes" : "tensors"));
   }
-  for (size_t id = 0; id < s_.loaders.size(); ++id) {
+  for (size_t id = 0; id < s_.data.loaders.size(); ++id) {
     const json& l = state_["loaders"][id];
-    if (l.value("dataset_size", int64_t{-1}) != s_.loaders[id].spec.dataset_size)
+    if (l.value("dataset_size", int64_t{-1}) != s_.data.loaders[id].spec.dataset_size)
       throw Error("load_state: data loader " + std::to_string(id) + " had " + std::to_string(l.value("dataset_size", 0)) +
-                  " samples when saved, now " + std::to_string(s_.loaders[id].spec.dataset_size));
+                  " samples when saved, now " + std::to_string(s_.data.loaders[id].spec.dataset_size));
   }
 }
 
@@ -236,10 +236,10 @@ void Engine::Impl::CheckpointLoad::read_rest() {
   if (manifest_["files"].contains(rng_file(rank_))) rng_ = read_checked(dir_, rng_file(rank_), manifest_);
   grads_.resize(s_.models.size());
   for (size_t i = 0; i < s_.models.size(); ++i) grads_[i] = read_gradients(i);
-  custom_tensors_.resize(s_.checkpoint_objects.size());
-  custom_bytes_.resize(s_.checkpoint_objects.size());
-  for (size_t i = 0; i < s_.checkpoint_objects.size(); ++i) {
-    const bool tensors = static_cast<bool>(s_.checkpoint_objects[i].load_tensors);
+  custom_tensors_.resize(s_.checkpoints.objects.size());
+  custom_bytes_.resize(s_.checkpoints.objects.size());
+  for (size_t i = 0; i < s_.checkpoints.objects.size(); ++i) {
+    const bool tensors = static_cast<bool>(s_.checkpoints.objects[i].load_tensors);
     if (tensors)
       custom_tensors_[i] = read_checked(dir_, custom_file(i, true), manifest_);
     else
@@ -300,16 +300,16 @@ void Engine::Impl::CheckpointLoad::apply() {
   }
   if (!rng_.empty()) set_rng_state(rng_, s_.device);
   for (size_t i = 0; i < s_.models.size(); ++i) apply_gradients(i);
-  for (size_t i = 0; i < s_.checkpoint_objects.size(); ++i) {
-    auto& o = s_.checkpoint_objects[i];
+  for (size_t i = 0; i < s_.checkpoints.objects.size(); ++i) {
+    auto& o = s_.checkpoints.objects[i];
     if (o.load_tensors)
       o.load_tensors(custom_tensors_[i]);
     else
       o.load_bytes(custom_bytes_[i]);
   }
-  for (size_t id = 0; id < s_.loaders.size(); ++id) {
+  for (size_t id = 0; id < s_.data.loaders.size(); ++id) {
     const json& l = state_["loaders"][id];
-    LoaderEntry& e = s_.loaders[id];
+    LoaderEntry& e = s_.data.loaders[id];
     e.epoch = l.value("epoch", int64_t{0});
     int64_t next = l.value("next_batch", int64_t{0});
     if (saved_world_ != world_ || l.value("batch_size", int64_t{0}) != e.spec.options.batch_size) {
@@ -319,10 +319,10 @@ void Engine::Impl::CheckpointLoad::apply() {
     }
     e.resume_batch = std::min(next, e.num_batches);
   }
-  s_.accum_step = state_["accumulation"].value("step", int64_t{0});
-  s_.window = state_["accumulation"].value("window", int64_t{1});
+  s_.accumulation.step = state_["accumulation"].value("step", int64_t{0});
+  s_.accumulation.window = state_["accumulation"].value("window", int64_t{1});
   if (manifest_.contains("checkpoint") && manifest_["checkpoint"].is_number_integer())
-    s_.save_iteration = manifest_["checkpoint"].get<int64_t>() + 1;
+    s_.checkpoints.save_iteration = manifest_["checkpoint"].get<int64_t>() + 1;
 }
 
 void Engine::Impl::CheckpointLoad::apply_gradients(size_t i) {
@@ -346,7 +346,7 @@ void Engine::Impl::CheckpointLoad::apply_gradients(size_t i) {
 // makes nlohmann throw from anywhere below; it becomes one line naming the file.
 std::string Engine::load_state(const std::string& requested) try {
   Impl& s = *impl_;
-  if (!s.active.empty())
+  if (!s.data.active.empty())
     throw UsageError("load_state: called while a prepared data loader is being iterated; call it after prepare and "
                      "before the loop (or set the config key resume: auto)");
   const int rank = s.process.rank;
@@ -398,11 +398,11 @@ std::string Engine::load_state(const std::string& requested) try {
   // New checkpoints go after every numbered one, damaged or older ones skipped included: an
   // automatic save never collides with a name that exists.
   for (auto& [n, path] : numbered_checkpoints(checkpoints_dir(s.config.project_dir)))
-    s.save_iteration = std::max<int64_t>(s.save_iteration, n + 1);
+    s.checkpoints.save_iteration = std::max<int64_t>(s.checkpoints.save_iteration, n + 1);
   wait_for_everyone();
   get_logger()->info("load_state: resumed from {}", loaded);
-  s.resume_settled = true;
-  s.resumed_from = loaded;
+  s.checkpoints.resume_settled = true;
+  s.checkpoints.resumed_from = loaded;
   return loaded;
 } catch (const nlohmann::json::exception& e) {
   const std::string what = e.what();
@@ -412,8 +412,8 @@ std::string Engine::load_state(const std::string& requested) try {
 
 std::string Engine::resume() {
   Impl& s = *impl_;
-  if (s.resume_settled) return s.resumed_from;
-  s.resume_settled = true;
+  if (s.checkpoints.resume_settled) return s.checkpoints.resumed_from;
+  s.checkpoints.resume_settled = true;
   if (s.config.resume == "no") return "";
   if (s.config.resume != "auto") return load_state(s.config.resume);
   // auto: a run with no checkpoint yet starts fresh; one with any (even only damaged ones)

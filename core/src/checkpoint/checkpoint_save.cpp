@@ -53,10 +53,10 @@ NamedTensors rng_state(const torch::Device& device) {
 }  // namespace
 
 void Engine::register_for_checkpointing(CheckpointObject object) {
-  impl_->checkpoint_objects.push_back(std::move(object));
+  impl_->checkpoints.objects.push_back(std::move(object));
 }
 
-int64_t Engine::save_iteration() const { return impl_->save_iteration; }
+int64_t Engine::save_iteration() const { return impl_->checkpoints.save_iteration; }
 
 std::string Engine::save_state(const std::string& requested) {
   Impl& s = *impl_;
@@ -69,7 +69,7 @@ std::string Engine::save_state(const std::string& requested) {
   if (main) {
     try {
       const fs::path target = automatic ? checkpoints_dir(s.config.project_dir) /
-                                              ("checkpoint_" + std::to_string(s.save_iteration))
+                                              ("checkpoint_" + std::to_string(s.checkpoints.save_iteration))
                                         : fs::path(requested);
       std::error_code ec;
       if (automatic && fs::exists(fs::symlink_status(target, ec)))
@@ -115,7 +115,7 @@ std::string Engine::save_state(const std::string& requested) {
   // (under zero and fsdp, views of the unit's full local gradient buffer, kept until the
   // window's synchronising micro-batch reduces it). Loading sets them back as .grad, which
   // the strategy takes into its buffers at the next backward.
-  const bool mid_window = s.accum_step % std::max(1, s.config.gradient_accumulation_steps) != 0;
+  const bool mid_window = s.accumulation.step % std::max(1, s.config.gradient_accumulation_steps) != 0;
   if (mid_window)
     for (size_t i = 0; i < s.models.size(); ++i)
       attempt([&] {
@@ -161,8 +161,8 @@ std::string Engine::save_state(const std::string& requested) {
     files.push_back(write_file(tmp, rng_file(rank), [&](const ByteSink& sink) { write_safetensors(rng, {}, sink); }));
   });
   if (main) {
-    for (size_t i = 0; i < s.checkpoint_objects.size(); ++i) {
-      auto& o = s.checkpoint_objects[i];
+    for (size_t i = 0; i < s.checkpoints.objects.size(); ++i) {
+      auto& o = s.checkpoints.objects[i];
       attempt([&] {
         if (o.save_tensors) {
           const NamedTensors t = o.save_tensors();
@@ -173,8 +173,8 @@ std::string Engine::save_state(const std::string& requested) {
       });
     }
     json loaders = json::array();
-    for (size_t id = 0; id < s.loaders.size(); ++id) {
-      const LoaderEntry& e = s.loaders[id];
+    for (size_t id = 0; id < s.data.loaders.size(); ++id) {
+      const LoaderEntry& e = s.data.loaders[id];
       const LoaderState position = loader_state(id);
       loaders.push_back({{"epoch", position.epoch},
                          {"next_batch", position.next_batch},
@@ -190,7 +190,7 @@ std::string Engine::save_state(const std::string& requested) {
       adjustments.push_back(sc.adjustments);
     }
     json custom = json::array();
-    for (auto& o : s.checkpoint_objects) custom.push_back(o.save_tensors ? "tensors" : "bytes");
+    for (auto& o : s.checkpoints.objects) custom.push_back(o.save_tensors ? "tensors" : "bytes");
     json types = json::array();  // loading into another optimizer type must be refused
     for (auto& e : s.optimizers) types.push_back(optimizer_type(*e.optimizer));
     json lrs = json::array();  // each param group's learning rate (the portable layout has no groups)
@@ -199,7 +199,7 @@ std::string Engine::save_state(const std::string& requested) {
       for (auto& g : e.optimizer->param_groups()) groups.push_back(g.options().get_lr());
       lrs.push_back(groups);
     }
-    json state = {{"checkpoint", automatic ? json(s.save_iteration) : json(nullptr)},
+    json state = {{"checkpoint", automatic ? json(s.checkpoints.save_iteration) : json(nullptr)},
                   {"strategy", s.strategy->name()},
                   {"world_size", world},
                   {"models", s.models.size()},
@@ -207,7 +207,7 @@ std::string Engine::save_state(const std::string& requested) {
                   {"schedulers", schedulers},
                   {"scheduler_adjustments", adjustments},
                   {"loaders", loaders},
-                  {"accumulation", {{"step", s.accum_step}, {"window", s.window}}},
+                  {"accumulation", {{"step", s.accumulation.step}, {"window", s.accumulation.window}}},
                   {"custom", custom}};
     attempt([&] { files.push_back(write_file(tmp, kState, state.dump(1))); });
   }
@@ -229,7 +229,7 @@ std::string Engine::save_state(const std::string& requested) {
   std::string finished;
   if (main) {
     try {
-      json meta = {{"checkpoint", automatic ? json(s.save_iteration) : json(nullptr)}, {"strategy", s.strategy->name()}};
+      json meta = {{"checkpoint", automatic ? json(s.checkpoints.save_iteration) : json(nullptr)}, {"strategy", s.strategy->name()}};
       finalize_checkpoint(tmp, target, world, meta);  // replaces an explicit directory saved again
       if (automatic && s.config.total_limit > 0)
         for (auto& why : prune_checkpoints(checkpoints_dir(s.config.project_dir), s.config.total_limit))
@@ -241,7 +241,7 @@ std::string Engine::save_state(const std::string& requested) {
   }
   finished = broadcast(finished, 0);
   if (finished != "ok") throw Error(finished.substr(6));
-  if (automatic) ++s.save_iteration;
+  if (automatic) ++s.checkpoints.save_iteration;
   get_logger()->debug("save_state: {}", target.string());
   return target.string();
 }

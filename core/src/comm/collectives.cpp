@@ -154,10 +154,10 @@ torch::Tensor drop_epoch_padding(const torch::Tensor& gathered, const torch::Ten
 torch::Tensor Engine::gather_for_metrics(const torch::Tensor& tensor) {
   Impl& s = *impl_;
   torch::Tensor gathered = gather(tensor);
-  const ActiveLoader* loader = s.innermost();
+  const ActiveLoader* loader = s.data.innermost();
   if (s.process.world_size == 1) return gathered;
-  if ((loader == nullptr || loader->batch < 0) && s.finished_loader)
-    return drop_epoch_padding(gathered, tensor, s.loaders.at(*s.finished_loader).last_plan);
+  if ((loader == nullptr || loader->batch < 0) && s.data.finished)
+    return drop_epoch_padding(gathered, tensor, s.data.loaders.at(*s.data.finished).last_plan);
   if (loader == nullptr || loader->batch < 0) return gathered;
   // Drop the padding that completed this round: each rank says how many of its trailing
   // samples pad, and the per-rank chunks are contiguous in rank order.

@@ -39,7 +39,7 @@ void Engine::forward_failed(size_t model, const std::exception& error) {
 }
 
 void Engine::forward_begins() {
-  if (!impl_->resume_settled) resume();
+  if (!impl_->checkpoints.resume_settled) resume();
 }
 
 void* Engine::autocast_enter() {

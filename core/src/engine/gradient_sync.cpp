@@ -17,7 +17,7 @@ void Engine::Impl::apply_gradient_sync(ModelEntry& e) {
   // Under a live join scope the engine reduces a joined model's gradients itself (join.cpp),
   // except under a sharding strategy, which keeps reducing them (the ranks out of batches
   // shadow it).
-  const bool want = wants_gradient_sync(e) && !(e.joined && !join_sharded);
+  const bool want = wants_gradient_sync(e) && !(e.joined && !join.sharded);
   if (want == e.sync_enabled) return;
   strategy->set_gradient_sync(*e.module, want);
   e.sync_enabled = want;

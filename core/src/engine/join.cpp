@@ -134,7 +134,7 @@ size_t first_group(const std::vector<OptimizerEntry>& optimizers, size_t o) {
 
 void Engine::join_begin(const std::vector<size_t>& models, const JoinOptions& options) {
   Impl& s = *impl_;
-  if (s.join_open)
+  if (s.join.open)
     throw UsageError("join_uneven_inputs: a join scope is already live; join scopes do not nest");
   for (size_t m : models) s.models.at(m);  // every index names a prepared model
   const bool even = options.even_batches.value_or(s.config.even_batches);
@@ -162,15 +162,15 @@ void Engine::join_begin(const std::vector<size_t>& models, const JoinOptions& op
                          "' synchronises after each optimizer step, a collective a rank that ran out of batches "
                          "cannot answer; join models without buffers, or keep even_batches true");
   }
-  s.join_open = true;
-  s.join_options = options;
-  s.join_even_batches = options.even_batches;
+  s.join.open = true;
+  s.join.options = options;
+  s.join.even_batches = options.even_batches;
   // As in Accelerate, the override reaches map-style loaders only: a stream's last round is
   // completed from its start (or dropped with drop_last) whatever even_batches says. Say so
   // rather than let the override look as if it applied.
   if (options.even_batches && s.process.world_size > 1)
-    for (size_t i = 0; i < s.loaders.size(); ++i)
-      if (s.loaders[i].stream) {
+    for (size_t i = 0; i < s.data.loaders.size(); ++i)
+      if (s.data.loaders[i].stream) {
         get_logger()->warn(
             "join_uneven_inputs: overriding even_batches applies to loaders over map-style datasets only; "
             "loader {} reads a stream dataset and keeps its rounds as they are",
@@ -179,9 +179,9 @@ void Engine::join_begin(const std::vector<size_t>& models, const JoinOptions& op
       }
   // Accelerate enables torch's Join only where inputs may be uneven.
   if (even || s.process.world_size == 1) return;
-  s.join_live = true;
-  s.join_sharded = sharded;
-  s.join_last_partial.clear();
+  s.join.live = true;
+  s.join.sharded = sharded;
+  s.join.last_partial.clear();
   for (auto& e : s.optimizers) e.join_zeroed = false;
   for (size_t m : models) {
     s.models[m].joined = true;
@@ -190,7 +190,7 @@ void Engine::join_begin(const std::vector<size_t>& models, const JoinOptions& op
 }
 
 void Engine::Impl::join_reduce_after_backward() {
-  if (!join_live || join_sharded) return;
+  if (!join.live || join.sharded) return;
   const std::vector<size_t> joined = joined_models(models);
   std::vector<bool> reduces;
   bool any = false;
@@ -203,8 +203,8 @@ void Engine::Impl::join_reduce_after_backward() {
   torch::Tensor round = round_vector(process.rank, process.world_size, true, reduces);
   allreduce_(round, HASTEN_REDUCE_SUM);
   const int64_t training = count_training(process.world_size, round, ranks);
-  if (training < process.world_size) join_last_partial = ranks;
-  const double divisor = join_options.divide_by_initial_world_size ? process.world_size : training;
+  if (training < process.world_size) join.last_partial = ranks;
+  const double divisor = join.options.divide_by_initial_world_size ? process.world_size : training;
   torch::NoGradGuard no_grad;
   for (size_t k = 0; k < joined.size(); ++k) {
     if (!reduces[k]) continue;
@@ -232,7 +232,7 @@ void Engine::Impl::join_reduce_after_backward() {
 // ---- sharded: the rounds of the ranks that train ----------------------------------------
 
 double Engine::Impl::join_round_before_backward(const torch::Tensor& loss) {
-  if (!join_live || !join_sharded) return 1.0;
+  if (!join.live || !join.sharded) return 1.0;
   const ShadowRound L = shadow_layout(process.world_size, models, optimizers);
   torch::Tensor v = empty_round(L);
   bool any = false;
@@ -257,14 +257,14 @@ double Engine::Impl::join_round_before_backward(const torch::Tensor& loss) {
   for (int64_t r = 0; r < L.world; ++r)
     if (a[r] > 0) ranks.push_back(r);
   const int64_t training = static_cast<int64_t>(ranks.size());
-  if (training < L.world) join_last_partial = ranks;
+  if (training < L.world) join.last_partial = ranks;
   // The strategy divides by the initial number of processes; by the ranks training instead:
-  if (join_options.divide_by_initial_world_size) return 1.0;
+  if (join.options.divide_by_initial_world_size) return 1.0;
   return static_cast<double>(L.world) / static_cast<double>(training);
 }
 
 void Engine::Impl::join_round_before_step(size_t optimizer) {
-  if (!join_live || !join_sharded) return;
+  if (!join.live || !join.sharded) return;
   const ShadowRound L = shadow_layout(process.world_size, models, optimizers);
   torch::Tensor v = empty_round(L);
   v[process.rank] = 1;
@@ -279,7 +279,7 @@ void Engine::Impl::join_round_before_step(size_t optimizer) {
 }
 
 void Engine::Impl::join_round_before_clip(size_t model, double max_norm, double norm_type) {
-  if (!join_live || !join_sharded) return;
+  if (!join.live || !join.sharded) return;
   const ShadowRound L = shadow_layout(process.world_size, models, optimizers);
   torch::Tensor v = empty_round(L);
   v[process.rank] = 1;
@@ -303,7 +303,7 @@ void Engine::Impl::join_shadow() {
     for (int64_t r = 0; r < L.world; ++r)
       if (a[r] > 0) ranks.push_back(r);
     if (ranks.empty()) break;
-    s.join_last_partial = ranks;
+    s.join.last_partial = ranks;
     if (a[L.kind(kBackward)] > 0) {
       for (size_t o = 0; o < s.optimizers.size(); ++o)
         if (a[L.optimizer(o)] > 0) compat::zero_grad_in_place(*s.optimizers[o].optimizer);
@@ -339,12 +339,12 @@ void Engine::Impl::join_shadow() {
 
 void Engine::join_end() {
   Impl& s = *impl_;
-  s.join_even_batches.reset();
-  if (!s.join_live) {
-    s.join_open = false;
+  s.join.even_batches.reset();
+  if (!s.join.live) {
+    s.join.open = false;
     return;
   }
-  if (s.join_sharded) {
+  if (s.join.sharded) {
     // Every shard stepped on every rank: the weights are already the same everywhere.
     s.join_shadow();
     join_abandon();
@@ -358,7 +358,7 @@ void Engine::join_end() {
     s.allreduce_(round, HASTEN_REDUCE_SUM);
     const int64_t training = count_training(s.process.world_size, round, ranks);
     if (training == 0) break;
-    if (training < s.process.world_size) s.join_last_partial = ranks;
+    if (training < s.process.world_size) s.join.last_partial = ranks;
     auto a = round.accessor<int64_t, 1>();
     for (size_t k = 0; k < joined.size(); ++k) {
       if (a[s.process.world_size + static_cast<int64_t>(k)] == 0) continue;
@@ -369,8 +369,8 @@ void Engine::join_end() {
     }
   }
   // The ranks that left early did not step: every rank takes the last finisher's weights.
-  if (!s.join_last_partial.empty()) {
-    const int from = static_cast<int>(*std::min_element(s.join_last_partial.begin(), s.join_last_partial.end()));
+  if (!s.join.last_partial.empty()) {
+    const int from = static_cast<int>(*std::min_element(s.join.last_partial.begin(), s.join.last_partial.end()));
     torch::NoGradGuard no_grad;
     for (size_t m : joined)
       for (auto& p : s.models[m].module->parameters()) {
@@ -383,11 +383,11 @@ void Engine::join_end() {
 
 void Engine::join_abandon() noexcept {
   Impl& s = *impl_;
-  s.join_even_batches.reset();
-  s.join_open = false;
-  s.join_live = false;
-  s.join_sharded = false;
-  s.join_last_partial.clear();
+  s.join.even_batches.reset();
+  s.join.open = false;
+  s.join.live = false;
+  s.join.sharded = false;
+  s.join.last_partial.clear();
   for (auto& e : s.models) {
     if (!e.joined) continue;
     e.joined = false;

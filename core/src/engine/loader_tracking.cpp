@@ -22,8 +22,8 @@ size_t Engine::add_loader(int64_t dataset_size, const DataLoaderOptions& options
   e.spec.dispatch_batches =
       s.process.world_size > 1 && options.dispatch_batches.value_or(s.config.dispatch_batches.value_or(false));
   e.num_batches = count_batches(e.spec);  // validates the spec now, at prepare
-  s.loaders.push_back(e);
-  return s.loaders.size() - 1;
+  s.data.loaders.push_back(e);
+  return s.data.loaders.size() - 1;
 }
 
 size_t Engine::add_stream_loader(const DataLoaderOptions& options) {
@@ -40,18 +40,18 @@ size_t Engine::add_stream_loader(const DataLoaderOptions& options) {
   e.spec.dispatch_batches =
       s.process.world_size > 1 && options.dispatch_batches.value_or(s.config.dispatch_batches.value_or(true));
   e.num_batches = make_stream_plan(e.spec, 0).num_batches;  // validates the spec now, at prepare
-  s.loaders.push_back(e);
-  return s.loaders.size() - 1;
+  s.data.loaders.push_back(e);
+  return s.data.loaders.size() - 1;
 }
 
 EpochPlan Engine::loader_begin_epoch(size_t loader) { return loader_begin_epoch(loader, 0); }
 
 EpochPlan Engine::loader_begin_epoch(size_t loader, int64_t skip) {
   Impl& s = *impl_;
-  if (!s.resume_settled) resume();  // config resume: the loop starts here
-  LoaderEntry& e = s.loaders.at(loader);
+  if (!s.checkpoints.resume_settled) resume();  // config resume: the loop starts here
+  LoaderEntry& e = s.data.loaders.at(loader);
   ShardSpec spec = e.spec;
-  if (s.join_even_batches) spec.even_batches = *s.join_even_batches;  // join_uneven_inputs's override
+  if (s.join.even_batches) spec.even_batches = *s.join.even_batches;  // join_uneven_inputs's override
   EpochPlan plan = e.stream ? make_stream_plan(spec, e.epoch) : make_epoch_plan(spec, e.epoch);
   ++e.epoch;
   plan.first_batch = std::exchange(e.resume_batch, 0);  // load_state resumes mid-epoch once
@@ -60,13 +60,13 @@ EpochPlan Engine::loader_begin_epoch(size_t loader, int64_t skip) {
   // not skip twice.
   plan.first_batch = std::min(std::max(plan.first_batch, skip), plan.num_batches);
   e.last_plan = plan;
-  s.active.push_back({loader, plan.first_batch - 1, plan.num_batches, 0});
-  s.finished_loader.reset();
+  s.data.active.push_back({loader, plan.first_batch - 1, plan.num_batches, 0});
+  s.data.finished.reset();
   return plan;
 }
 
 void Engine::loader_at(size_t loader, int64_t batch, int64_t num_batches, int64_t num_padding) {
-  for (auto it = impl_->active.rbegin(); it != impl_->active.rend(); ++it) {
+  for (auto it = impl_->data.active.rbegin(); it != impl_->data.active.rend(); ++it) {
     if (it->id != loader) continue;
     it->batch = batch;
     it->num_batches = num_batches;
@@ -76,11 +76,11 @@ void Engine::loader_at(size_t loader, int64_t batch, int64_t num_batches, int64_
 }
 
 void Engine::loader_end(size_t loader) noexcept {
-  auto& active = impl_->active;
+  auto& active = impl_->data.active;
   for (auto it = active.rbegin(); it != active.rend(); ++it) {
     if (it->id == loader) {
       const bool whole_epoch = it->batch >= 0 && it->batch + 1 == it->num_batches;
-      impl_->finished_loader = whole_epoch ? std::optional<size_t>(loader) : std::nullopt;
+      impl_->data.finished = whole_epoch ? std::optional<size_t>(loader) : std::nullopt;
       active.erase(std::next(it).base());
       return;
     }
@@ -89,8 +89,8 @@ void Engine::loader_end(size_t loader) noexcept {
 
 int64_t Engine::loader_epoch(size_t loader) const {
   const Impl& s = *impl_;
-  const LoaderEntry& e = s.loaders.at(loader);
-  for (const auto& a : s.active)
+  const LoaderEntry& e = s.data.loaders.at(loader);
+  for (const auto& a : s.data.active)
     if (a.id == loader) return e.epoch - 1;  // the epoch under way
   return e.epoch;
 }
@@ -98,27 +98,27 @@ int64_t Engine::loader_epoch(size_t loader) const {
 void Engine::loader_set_epoch(size_t loader, int64_t epoch) {
   Impl& s = *impl_;
   if (epoch < 0) throw UsageError("set_epoch: the epoch must be >= 0, got " + std::to_string(epoch));
-  for (const auto& a : s.active)
+  for (const auto& a : s.data.active)
     if (a.id == loader)
       throw UsageError("set_epoch: called while this loader is being iterated; call it before the loop "
                        "(`loader.set_epoch(epoch); for (auto& batch : loader) ...`)");
-  if (!s.resume_settled) resume();  // config resume first, so that the two compose
-  LoaderEntry& e = s.loaders.at(loader);
+  if (!s.checkpoints.resume_settled) resume();  // config resume first, so that the two compose
+  LoaderEntry& e = s.data.loaders.at(loader);
   // The epoch a checkpoint resumes keeps its position: a loop that calls set_epoch(epoch)
   // before each epoch continues mid-epoch after load_state. Another epoch starts at batch 0.
   if (epoch != e.epoch) e.resume_batch = 0;
   e.epoch = epoch;
 }
 
-bool Engine::loader_dispatches(size_t loader) const { return impl_->loaders.at(loader).spec.dispatch_batches; }
+bool Engine::loader_dispatches(size_t loader) const { return impl_->data.loaders.at(loader).spec.dispatch_batches; }
 
 LoaderState Engine::loader_state(size_t loader) const {
   const Impl& s = *impl_;
-  const LoaderEntry& e = s.loaders.at(loader);
+  const LoaderEntry& e = s.data.loaders.at(loader);
   // A loop left with `break`: this process's next `for` begins a new epoch, so the saved
   // position does too (only an iteration under way resumes mid-epoch).
   LoaderState state{e.epoch, e.resume_batch};
-  for (auto it = s.active.rbegin(); it != s.active.rend(); ++it)
+  for (auto it = s.data.active.rbegin(); it != s.data.active.rend(); ++it)
     if (it->id == loader) {
       // Mid-epoch: the epoch under way, from the batch after the one yielded last.
       state = {e.epoch - 1, it->batch + 1};
@@ -133,20 +133,20 @@ void Engine::loader_load_state(size_t loader, const LoaderState& state) {
   if (state.epoch < 0 || state.next_batch < 0)
     throw UsageError("load_state_dict: the epoch and the batch must be >= 0, got epoch " + std::to_string(state.epoch) +
                      ", batch " + std::to_string(state.next_batch));
-  for (const auto& a : s.active)
+  for (const auto& a : s.data.active)
     if (a.id == loader)
       throw UsageError("load_state_dict: called while this loader is being iterated; call it before the loop");
-  if (!s.resume_settled) resume();  // config resume first: the state given wins
-  LoaderEntry& e = s.loaders.at(loader);
+  if (!s.checkpoints.resume_settled) resume();  // config resume first: the state given wins
+  LoaderEntry& e = s.data.loaders.at(loader);
   e.epoch = state.epoch;
   e.resume_batch = std::min(state.next_batch, e.num_batches);
 }
 
 int64_t Engine::loader_num_batches(size_t loader) const {
-  const LoaderEntry& e = impl_->loaders.at(loader);
-  if (!impl_->join_even_batches || *impl_->join_even_batches == e.spec.even_batches) return e.num_batches;
+  const LoaderEntry& e = impl_->data.loaders.at(loader);
+  if (!impl_->join.even_batches || *impl_->join.even_batches == e.spec.even_batches) return e.num_batches;
   ShardSpec spec = e.spec;
-  spec.even_batches = *impl_->join_even_batches;
+  spec.even_batches = *impl_->join.even_batches;
   return count_batches(spec);
 }
 

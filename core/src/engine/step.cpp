@@ -46,7 +46,7 @@ torch::optim::Optimizer& Engine::optimizer(size_t index) { return *impl_->optimi
 
 void Engine::optimizer_step(size_t index) {
   Impl& s = *impl_;
-  if (!s.sync) return;  // an accumulation micro-batch
+  if (!s.accumulation.sync) return;  // an accumulation micro-batch
   OptimizerEntry& e = s.optimizers.at(index);
   s.join_round_before_step(index);  // inside join_uneven_inputs under zero1/zero2 (join.cpp)
   s.step_optimizer(e);
@@ -64,7 +64,7 @@ void Engine::Impl::step_optimizer(OptimizerEntry& e) {
 }
 
 void Engine::optimizer_zero_grad(size_t index) {
-  if (!impl_->sync) return;
+  if (!impl_->accumulation.sync) return;
   OptimizerEntry& e = impl_->optimizers.at(index);
   compat::zero_grad_in_place(*e.optimizer);
   e.join_zeroed = true;  // ranks out of batches zero theirs at the next join round (join.cpp)
@@ -101,7 +101,7 @@ void Engine::scheduler_called(size_t index) {
   // AcceleratedScheduler.step: `if not sync_gradients: if adjust_scheduler: _step_count += 1`
   // (a skipped optimizer step is not counted).
   if (s.config.scheduler_steps_per_process && s.config.adjust_scheduler && s.config.step_scheduler_with_optimizer &&
-      !s.sync)
+      !s.accumulation.sync)
     ++impl_->schedulers.at(index).adjustments;
 }
 
@@ -116,7 +116,7 @@ int64_t Engine::scheduler_adjustments(size_t index) const { return impl_->schedu
 bool Engine::scheduler_should_step() const {
   const Impl& s = *impl_;
   if (!s.config.step_scheduler_with_optimizer) return true;
-  if (!s.sync) return false;
+  if (!s.accumulation.sync) return false;
   return !any_optimizer_step_skipped();
 }
 
@@ -124,18 +124,18 @@ bool Engine::scheduler_should_step() const {
 
 void Engine::backward(const torch::Tensor& loss, bool retain_graph) {
   Impl& s = *impl_;
-  if (s.accumulate_depth == 0 && s.scope_ended_unused && s.config.gradient_accumulation_steps > 1)
+  if (s.accumulation.depth == 0 && s.accumulation.scope_ended_unused && s.config.gradient_accumulation_steps > 1)
     throw UsageError("backward: the accumulate() scope of this micro-batch already ended (a discarded "
                      "`acc.accumulate(model);` ends at once), so this loss would be neither divided by the "
                      "accumulation steps nor kept local; keep the scope alive for the micro-batch: "
                      "`auto scope = acc.accumulate(model);`");
   s.check_prepared_forwards(loss);
-  if (s.accumulate_depth > 0) s.backward_in_scope = true;
+  if (s.accumulation.depth > 0) s.accumulation.backward_in_scope = true;
   torch::Tensor l = loss;
   // The window's real length (hasten), or gradient_accumulation_steps even for a short last
   // window (short_window_loss_division: steps, Accelerate's arithmetic).
-  const int64_t divisor = s.config.short_window_loss_division == "steps" ? s.config.gradient_accumulation_steps : s.window;
-  if (s.accumulate_depth > 0 && divisor > 1) l = l / static_cast<double>(divisor);
+  const int64_t divisor = s.config.short_window_loss_division == "steps" ? s.config.gradient_accumulation_steps : s.accumulation.window;
+  if (s.accumulation.depth > 0 && divisor > 1) l = l / static_cast<double>(divisor);
   // Inside join_uneven_inputs under zero1/zero2: tells the ranks out of batches to shadow
   // this backward (join.cpp).
   if (const double join_factor = s.join_round_before_backward(l); join_factor != 1.0) l = l * join_factor;
