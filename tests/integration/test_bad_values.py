@@ -54,7 +54,24 @@ with tempfile.TemporaryDirectory() as d:
         (h.hasten("launch", "--set", "timeout_s=1e300", "sh", "-c", f"touch {marker}"), "timeout_s 1e300",
          "timeout_s: 1e+300 is out of range (allowed: 0.001 to 31536000)"),
         (h.hasten("env", "--config_file", duplicate), "a duplicate key", "the key 'mixed_precision' appears twice"),
+        # issue 29: strategy options that were accepted and did nothing are refused with one line
+        (h.example("--strategy", "ddp", "--set", "strategy_options={static_graph: true}", *quick), "ddp static_graph",
+         "ddp options: static_graph: true is not supported (hasten's ddp has no static-graph mode; allowed: false)"),
+        (h.example("--strategy", "ddp", "--set", "strategy_options={check_reduction: true}", *quick),
+         "ddp check_reduction", "ddp options: check_reduction: true is not supported"),
     ]
+    zero3 = ("--set", "distributed_type=DEEPSPEED", "--set", "deepspeed_config.zero_stage=3")
+    for key, value, expect in [
+        ("offload_optimizer_nvme_path", "/nvme", "nvme offload is not supported; allowed: none"),
+        ("offload_param_nvme_path", "/nvme", "nvme offload is not supported; allowed: none"),
+        ("deepspeed_moe_layer_cls_names", "MixtralSparseMoeBlock", "it names Python MoE classes"),
+        ("deepspeed_multinode_launcher", "pdsh", "hasten launch runs on each machine, as Accelerate's standard launcher does; allowed: standard"),
+        ("deepspeed_hostfile", "/etc/hosts", "hasten launch starts the processes of one machine; give each machine's --machine_rank and --main_process_ip; allowed: none"),
+        ("deepspeed_inclusion_filter", "a", "hasten has no hostfile to filter; allowed: none"),
+        ("deepspeed_exclusion_filter", "b", "hasten has no hostfile to filter; allowed: none"),
+    ]:
+        cases.append((h.example(*zero3, "--set", f"deepspeed_config.{key}={value}", *quick), f"zero {key}",
+                      f"zero options: {key}: '{value}' is not supported ({expect}"))
     for cmd, what, expect in cases:
         h.check_clean_failure(h.run(cmd, env=env), what, expect)
 

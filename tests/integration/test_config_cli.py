@@ -166,6 +166,7 @@ def wizard_multi_machine_fsdp(tmp):
     t.answer("maybe", "fsdp_config.fsdp_offload_params")
     t.answer("yes", "'maybe' is not allowed (allowed: yes or no)")
     t.answer("", "fsdp_config.fsdp_backward_prefetch")
+    t.answer("yes", "fsdp_config.fsdp_forward_prefetch")
     t.answer("4", "processes in total")
     t.answer("", "'4' is not allowed (allowed: a positive multiple of the 3 machines)")  # default 6
     t.answer("fp16", "Mixed precision")
@@ -179,7 +180,7 @@ def wizard_multi_machine_fsdp(tmp):
     want = {"distributed_type": "FSDP", "num_machines": 3, "machine_rank": 2, "main_process_ip": "10.1.2.3",
             "main_process_port": 29500, "num_processes": 6, "mixed_precision": "fp16", "trackers": ["csv", "jsonl"],
             "fsdp_config": {"fsdp_sharding_strategy": "SHARD_GRAD_OP", "fsdp_offload_params": True,
-                            "fsdp_backward_prefetch": "BACKWARD_PRE"}}
+                            "fsdp_backward_prefetch": "BACKWARD_PRE", "fsdp_forward_prefetch": True}}
     got = {k: written.get(k) for k in want}
     if got != want:
         fail(f"the questionnaire wrote\n{written}\nexpected at least\n{want}")

@@ -251,8 +251,7 @@ TEST(ConfigErrors, StrategyOptionsAreCheckedAgainstThePluginsDescription) {
   e = error_of({}, env);
   EXPECT_NE(e.find("did you mean 'HASTEN_FSDP_CONFIG__FSDP_SHARDING_STRATEGY'"), std::string::npos) << e;
   // Section keys that only set a run setting stay out of the strategy's options.
-  o.set = {{"distributed_type", "DEEPSPEED"}, {"deepspeed_config.gradient_accumulation_steps", "4"},
-           {"deepspeed_config.deepspeed_hostfile", "hosts"}};
+  o.set = {{"distributed_type", "DEEPSPEED"}, {"deepspeed_config.gradient_accumulation_steps", "4"}};
   c = hasten::resolve_config(o, clean_env(dir.path()));
   EXPECT_EQ(c.gradient_accumulation_steps, 4);
   EXPECT_EQ(nlohmann::json::parse(c.strategy_options), nlohmann::json::object());

@@ -44,6 +44,17 @@ Options parse_options(const hasten_host_api* host, std::string_view text) {
   positive("first_bucket_cap_mb", o.first_bucket_cap_mb);
   o.find_unused_parameters = in.boolean("find_unused_parameters").value_or(o.find_unused_parameters);
   o.broadcast_buffers = in.boolean("broadcast_buffers").value_or(o.broadcast_buffers);
+  // PyTorch's static_graph=True lets DDP support reentrant backwards and parameters used
+  // several times per backward; hasten's ddp has not that mode, so true is refused rather than
+  // accepted and ignored. check_reduction is deprecated in PyTorch, which ignores it.
+  if (in.boolean("static_graph").value_or(false))
+    throw Error(HASTEN_ERR_UNSUPPORTED,
+                "ddp options: static_graph: true is not supported (hasten's ddp has no static-graph mode; allowed: "
+                "false)");
+  if (in.boolean("check_reduction").value_or(false))
+    throw Error(HASTEN_ERR_UNSUPPORTED,
+                "ddp options: check_reduction: true is not supported (PyTorch deprecated it and ignores it; allowed: "
+                "false)");
   if (auto dim = in.integer("dim"); dim && *dim != 0)
     throw Error(HASTEN_ERR_UNSUPPORTED, "ddp options: dim: only 0 is supported, got " + std::to_string(*dim));
   return o;
@@ -275,8 +286,10 @@ constexpr hasten_option_spec kDdpOptions[] = {
     OptionSpec("broadcast_buffers", HASTEN_OPTION_BOOL, "Broadcast rank 0's buffers before each forward")
         .default_json("true"),
     OptionSpec("gradient_as_bucket_view", HASTEN_OPTION_BOOL, "Accepted; gradients always are views of the buckets"),
-    OptionSpec("static_graph", HASTEN_OPTION_BOOL, "Accepted; no effect"),
-    OptionSpec("check_reduction", HASTEN_OPTION_BOOL, "Accepted; no effect"),
+    OptionSpec("static_graph", HASTEN_OPTION_BOOL, "Only false (true is refused: no static-graph mode)")
+        .default_json("false"),
+    OptionSpec("check_reduction", HASTEN_OPTION_BOOL, "Only false (deprecated in PyTorch, which ignores it)")
+        .default_json("false"),
     OptionSpec("dim", HASTEN_OPTION_INT, "Batch dimension; only 0").default_json("0"),
     OptionSpec("comm_hook", HASTEN_OPTION_ENUM, "Gradient compression hook; only no").allowed("no"),
     OptionSpec("comm_wrapper", HASTEN_OPTION_ENUM, "Gradient compression wrapper; only no").allowed("no"),

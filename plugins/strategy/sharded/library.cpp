@@ -89,13 +89,25 @@ constexpr hasten_option_spec kZeroOptions[] = {
     section_only_key("gradient_accumulation_steps", HASTEN_OPTION_INT,
                      "Must agree with gradient_accumulation_steps when both are set")
         .min(1).run_setting("gradient_accumulation_steps"),
-    section_only_key("offload_optimizer_nvme_path", HASTEN_OPTION_STRING, "Accepted; no effect (nvme offload is refused)"),
-    section_only_key("offload_param_nvme_path", HASTEN_OPTION_STRING, "Accepted; no effect (nvme offload is refused)"),
-    section_only_key("deepspeed_moe_layer_cls_names", HASTEN_OPTION_STRING, "Accepted for compatibility; no effect"),
-    section_only_key("deepspeed_multinode_launcher", HASTEN_OPTION_STRING, "Accepted for compatibility; no effect"),
-    section_only_key("deepspeed_hostfile", HASTEN_OPTION_STRING, "Accepted for compatibility; no effect"),
-    section_only_key("deepspeed_exclusion_filter", HASTEN_OPTION_STRING, "Accepted for compatibility; no effect"),
-    section_only_key("deepspeed_inclusion_filter", HASTEN_OPTION_STRING, "Accepted for compatibility; no effect"),
+    // Accelerate's keys for what hasten does not have: named, so that the strategy refuses a value
+    // that asks for it (options.cpp) instead of the host accepting it and nothing happening.
+    OptionSpec("offload_optimizer_nvme_path", HASTEN_OPTION_STRING, "Only none (nvme offload is refused)")
+        .section_key("offload_optimizer_nvme_path"),
+    OptionSpec("offload_param_nvme_path", HASTEN_OPTION_STRING, "Only none (nvme offload is refused)")
+        .section_key("offload_param_nvme_path"),
+    OptionSpec("deepspeed_moe_layer_cls_names", HASTEN_OPTION_STRING,
+               "Only empty (names Python MoE classes; units are the modules the model declares)")
+        .section_key("deepspeed_moe_layer_cls_names"),
+    OptionSpec("deepspeed_multinode_launcher", HASTEN_OPTION_ENUM,
+               "Only standard: one hasten launch per machine (the others are refused)")
+        .allowed("standard,pdsh,openmpi,mvapich,mpich,nossh,slurm")
+        .section_key("deepspeed_multinode_launcher"),
+    OptionSpec("deepspeed_hostfile", HASTEN_OPTION_STRING, "Only none (machines are given to hasten launch)")
+        .section_key("deepspeed_hostfile"),
+    OptionSpec("deepspeed_exclusion_filter", HASTEN_OPTION_STRING, "Only none (machines are given to hasten launch)")
+        .section_key("deepspeed_exclusion_filter"),
+    OptionSpec("deepspeed_inclusion_filter", HASTEN_OPTION_STRING, "Only none (machines are given to hasten launch)")
+        .section_key("deepspeed_inclusion_filter"),
 };
 
 // FSDP's vocabulary: options under FSDP's names, set by Accelerate's fsdp_config keys (the
@@ -112,7 +124,8 @@ constexpr hasten_option_spec kFsdpOptions[] = {
     OptionSpec("backward_prefetch", HASTEN_OPTION_ENUM, "Gather the next unit during backward (NO_PREFETCH: off)")
         .allowed("BACKWARD_PRE,BACKWARD_POST,NO_PREFETCH").default_json("\"BACKWARD_PRE\"")
         .section_key("fsdp_backward_prefetch"),
-    OptionSpec("forward_prefetch", HASTEN_OPTION_BOOL, "Accepted; no effect").section_key("fsdp_forward_prefetch"),
+    OptionSpec("forward_prefetch", HASTEN_OPTION_BOOL, "Gather the next unit during forward (stage 3)")
+        .default_json("false").section_key("fsdp_forward_prefetch"),
     OptionSpec("auto_wrap_policy", HASTEN_OPTION_ENUM, "Accepted; units are the modules the model declares (hasten::Unit)")
         .allowed("TRANSFORMER_BASED_WRAP,SIZE_BASED_WRAP,NO_WRAP").section_key("fsdp_auto_wrap_policy"),
     OptionSpec("transformer_layer_cls_to_wrap", HASTEN_OPTION_STRING,

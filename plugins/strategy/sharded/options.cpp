@@ -33,6 +33,15 @@ int stage_of(const std::string& key, const std::string& s, int num_nodes) {
                   "' is not allowed (allowed: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2)");
 }
 
+// A string option that only "none" (or empty, Accelerate's unset) may take: anything else asks
+// for something hasten does not do, and is refused rather than ignored.
+void only_none(const sdk::Options& in, const std::string& key, const std::string& why) {
+  const auto v = in.text(key.c_str());
+  if (v && !v->empty() && *v != "none")
+    throw Error(HASTEN_ERR_UNSUPPORTED, "zero options: " + key + ": '" + *v + "' is not supported (" + why +
+                                            "; allowed: none)");
+}
+
 }  // namespace
 
 Options parse_zero_options(const hasten_host_api* host, std::string_view json) {
@@ -45,6 +54,18 @@ Options parse_zero_options(const hasten_host_api* host, std::string_view json) {
   if (auto clip = in.number("gradient_clipping")) o.gradient_clipping = *clip;
   // zero3_init_flag, zero3_save_16bit_model: accepted (hasten builds full models first and
   // always saves full weights); their type was checked by the host.
+  only_none(in, "offload_optimizer_nvme_path", "nvme offload is not supported");
+  only_none(in, "offload_param_nvme_path", "nvme offload is not supported");
+  only_none(in, "deepspeed_moe_layer_cls_names",
+            "it names Python MoE classes; a unit is a module the model declares as a hasten::Unit");
+  only_none(in, "deepspeed_hostfile", "hasten launch starts the processes of one machine; give each machine's "
+                                      "--machine_rank and --main_process_ip");
+  only_none(in, "deepspeed_exclusion_filter", "hasten has no hostfile to filter");
+  only_none(in, "deepspeed_inclusion_filter", "hasten has no hostfile to filter");
+  if (auto launcher = in.text("deepspeed_multinode_launcher"); launcher && *launcher != "standard")
+    throw Error(HASTEN_ERR_UNSUPPORTED, "zero options: deepspeed_multinode_launcher: '" + *launcher +
+                                            "' is not supported (hasten launch runs on each machine, as Accelerate's "
+                                            "standard launcher does; allowed: standard)");
   if (o.offload_params && o.stage != 3)
     throw Error(HASTEN_ERR_INVALID_ARGUMENT, "zero: offload_param_device: cpu needs stage 3 (the stage is " +
                                                  std::to_string(o.stage) + ")");
@@ -76,12 +97,13 @@ Options parse_fsdp_options(const hasten_host_api* host, std::string_view json, i
   for (const char* key : {"offload_params", "cpu_offload"})
     if (auto offload = in.boolean(key)) o.offload_params = o.offload_optimizer = *offload;
   if (auto prefetch = in.text("backward_prefetch")) o.backward_prefetch = *prefetch != "NO_PREFETCH";
+  o.forward_prefetch = in.boolean("forward_prefetch").value_or(false);
   if (in.boolean("activation_checkpointing").value_or(false))
     throw Error(HASTEN_ERR_UNSUPPORTED, "fsdp: activation_checkpointing is not supported");
   if (in.text("ignored_modules"))
     throw Error(HASTEN_ERR_UNSUPPORTED, "fsdp: ignored_modules is not supported (units are declared by type)");
   // auto_wrap_policy, transformer_layer_cls_to_wrap, min_num_params, state_dict_type,
-  // forward_prefetch, use_orig_params, cpu_ram_efficient_loading, sync_module_states, version:
+  // use_orig_params, cpu_ram_efficient_loading, sync_module_states, version:
   // accepted (C++ units are declared by type); their type was checked by the host.
   if (o.stage < 3) o.offload_params = false;  // FSDP offloads parameters only when sharded at rest
   return o;

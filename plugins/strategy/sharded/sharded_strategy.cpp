@@ -218,6 +218,15 @@ void ShardedStrategy::unit_pre_forward(torch::nn::Module& model, uint32_t unit) 
     }
     ++u.users;
     gather_now(u);
+    if (options_.forward_prefetch && !m.plan.empty()) {
+      // The unit that ran after this one in the last forward (the backward plan is that
+      // forward reversed) starts gathering while this one computes; as in backward, not where
+      // the backend finished the gather inside the call (it would overlap nothing). Every rank
+      // runs the same forwards, so every rank prefetches the same units in the same order.
+      auto it = std::find(m.plan.begin(), m.plan.end(), unit);
+      if (it != m.plan.end() && it != m.plan.begin() && !m.units[*std::prev(it)].gathers_in_call)
+        begin_gather(m.units[*std::prev(it)]);
+    }
   }
   check_params(m, u);
 }

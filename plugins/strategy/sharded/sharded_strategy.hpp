@@ -41,6 +41,7 @@ struct Options {
   bool offload_params = false;     // stage 3: parameters live only as CPU shards at rest
   bool reshard_after_forward = true;
   bool backward_prefetch = false;  // gather the next unit while the current one runs backward
+  bool forward_prefetch = false;   // gather the next unit while the current one runs forward
   double gradient_clipping = 0;    // > 0: clip the global norm before every step
   std::string label = "zero";      // the plugin's name, for messages
 };

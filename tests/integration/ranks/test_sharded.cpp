@@ -215,9 +215,11 @@ struct ChainImpl : torch::nn::Module {
   hasten::Unit<torch::nn::Linear> fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
 
-// Trains a ChainImpl for 3 steps on 2 ranks under `strategy` and `comm`; rank 0 writes the
-// final parameters (in name order) and its memory report to `out`.
-void train_chain(const std::string& strategy, const std::string& comm, const std::filesystem::path& out) {
+// Trains a ChainImpl for 3 steps on 2 ranks under `strategy` and `comm` (and the strategy
+// options `options`, YAML); rank 0 writes the final parameters (in name order) and its memory
+// report to `out`.
+void train_chain(const std::string& strategy, const std::string& comm, const std::filesystem::path& out,
+                 const std::string& options = "") {
   hasten::test::TempDir home;
   hasten::LaunchOptions lo;
   lo.num_processes = 2;
@@ -227,6 +229,7 @@ void train_chain(const std::string& strategy, const std::string& comm, const std
         Options o;
         o.strategy = strategy;
         o.set = {{"comm", comm}};
+        if (!options.empty()) o.set.emplace_back("strategy_options", options);
         Accelerator acc(o);
         torch::manual_seed(0);
         auto net = std::make_shared<ChainImpl>();
@@ -281,4 +284,25 @@ TEST(Units, FsdpPrefetchesOnlyWhereTheBackendOverlapsAndMatchesDdp) {
   const int64_t shards = report("fsdp-shm", 2);
   EXPECT_EQ(shards, (fc1 + fc2 + fc3) / 2);
   EXPECT_EQ(report("fsdp-shm", 1), shards + fc2 + fc2 / 2);
+}
+
+// fsdp's forward_prefetch gathers the unit that ran next in the last forward while the current
+// one computes: with backward prefetch off, the peak of full parameters is then two units
+// (fc1 with fc2, fc2 with fc3) instead of one, and the weights are still those of ddp.
+TEST(Units, FsdpForwardPrefetchGathersTheNextUnitAndMatchesDdp) {
+  hasten::test::TempDir dir;
+  const auto path = [&](const std::string& tag) { return dir.path() / (tag + ".pt"); };
+  train_chain("ddp", "shm", path("ddp"));
+  train_chain("fsdp", "gloo", path("off"), "{backward_prefetch: NO_PREFETCH}");
+  train_chain("fsdp", "gloo", path("on"), "{backward_prefetch: NO_PREFETCH, forward_prefetch: true}");
+  std::map<std::string, std::vector<torch::Tensor>> r;
+  for (const char* tag : {"ddp", "off", "on"}) torch::load(r[tag], path(tag).string());
+  const size_t n = r["ddp"].size() - 1;
+  for (const char* tag : {"off", "on"}) {
+    ASSERT_EQ(r[tag].size(), n + 1) << tag;
+    for (size_t i = 0; i < n; ++i) EXPECT_TRUE(torch::equal(r[tag][i], r["ddp"][i])) << tag << ": parameter " << i;
+  }
+  const int64_t fc1 = (8 * 32 + 32) * 4, fc2 = (32 * 64 + 64) * 4, fc3 = (64 * 4 + 4) * 4;
+  EXPECT_EQ(r["off"][n][0].item<int64_t>(), fc2) << "no prefetch: one unit's full parameters at a time";
+  EXPECT_EQ(r["on"][n][0].item<int64_t>(), fc2 + std::max(fc1, fc3)) << "forward prefetch: the next unit too";
 }
