@@ -176,15 +176,30 @@ int wizard(const std::string& file_flag) {
     auto& registry = PluginRegistry::instance();
     const std::vector<PluginInfo> plugins = registry.plugins();
 
+    // The keys' defaults, bounds and values come from the schema (config_keys()), as they do
+    // for `hasten config keys`, docs/config.md and hasten launch's flags.
+    std::map<std::string, ConfigKeyInfo> keys;
+    for (auto& k : config_keys()) keys[k.key] = k;
+    auto key = [&](const std::string& name) -> const ConfigKeyInfo& {
+      auto it = keys.find(name);
+      if (it == keys.end()) throw ConfigError("the config schema has no key '" + name + "'");
+      return it->second;
+    };
+    auto int_default = [&](const ConfigKeyInfo& k) { return std::stoll(k.default_text); };
+    auto int_max = [&](const ConfigKeyInfo& k) { return k.max ? static_cast<long long>(*k.max) : 1ll << 20; };
+
     const std::string where = ask_choice("In which compute environment are you running?",
                                          {"this machine", "multiple machines"}, {}, "this machine");
-    long long machines = 1, machine_rank = 0, port = 29500;
+    const ConfigKeyInfo& port_key = key("main_process_port");
+    long long machines = 1, machine_rank = 0, port = int_default(port_key);
     std::string ip;
     if (where == "multiple machines") {
-      machines = ask_int("How many machines will the run use?", 2, 2, 1 << 20);
-      machine_rank = ask_int("What is the rank of this machine?", 0, 0, machines - 1);
+      machines = ask_int("How many machines will the run use? (" + key("num_machines").doc + ")", 2, 2,
+                         int_max(key("num_machines")));
+      machine_rank = ask_int("What is the rank of this machine? (" + key("machine_rank").doc + ")", 0, 0, machines - 1);
       ip = ask_text("What is the IP address of the machine of rank 0?", "");
-      port = ask_int("What port will rank 0 listen on for the rendezvous?", 29500, 1, 65535);
+      // Several machines cannot pick a free port each: the port is one they all know.
+      port = ask_int("What port will rank 0 listen on for the rendezvous?", port, 1, int_max(port_key));
     }
 
     // distributed_type: the values the installed strategies answer to.
@@ -233,8 +248,16 @@ int wizard(const std::string& file_flag) {
             return v;
           });
     }
-    const std::string precision =
-        ask_choice("Mixed precision?", {"no", "fp16", "bf16"}, {"float32", "float16 with loss scaling", "bfloat16"}, "no");
+    // mixed_precision's values, each with the description of the precision plugin it selects.
+    const ConfigKeyInfo& mp = key("mixed_precision");
+    std::vector<std::string> mp_notes;
+    for (auto& choice : mp.choices) {
+      std::string note;
+      for (auto& p : plugins)
+        if (p.kind == PluginKind::Precision && p.name == choice) note = p.description;
+      mp_notes.push_back(note);
+    }
+    const std::string precision = ask_choice("Mixed precision?", mp.choices, mp_notes, mp.default_text);
 
     std::vector<std::string> installed;
     for (auto& p : plugins)

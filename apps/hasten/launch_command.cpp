@@ -14,9 +14,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -283,6 +286,17 @@ int launch(const LaunchFlags& flags) {
   }
 }
 
+// The config schema's keys by name (config_keys()). Without the plugins' keys (a registry
+// that cannot be read) the core flags still parse; their help is then the key they set.
+std::map<std::string, ConfigKeyInfo> key_rows() {
+  std::map<std::string, ConfigKeyInfo> rows;
+  try {
+    for (auto& k : config_keys()) rows[k.key] = k;
+  } catch (const std::exception&) {
+  }
+  return rows;
+}
+
 }  // namespace
 
 void add_launch_command(CLI::App& app, Action& action) {
@@ -291,39 +305,41 @@ void add_launch_command(CLI::App& app, Action& action) {
   auto flags = std::make_shared<LaunchFlags>();
   cmd->prefix_command();  // everything from PROGRAM on belongs to the program
   cmd->add_option("--config_file,--config-file", flags->config_file, "Config file (YAML, Accelerate keys accepted)");
-  // Flags that set a config key of the same name.
-  struct KeyFlag {
-    const char* names;
-    const char* key;
-    const char* help;
+  // Flags that set a config key of the same name (Accelerate's launcher flags are its config
+  // keys' names). Each flag's help is its key's description in the schema (`hasten config
+  // keys`), so the two never say different things.
+  const std::map<std::string, ConfigKeyInfo> rows = key_rows();
+  std::set<std::string> taken = {"config_file"};
+  auto key_flag = [&](const std::string& flag, const std::string& key) {
+    std::string help = "Sets " + key;
+    if (auto it = rows.find(key); it != rows.end()) {
+      help = (key.find('.') == std::string::npos ? "" : key + ": ") + it->second.doc;
+      if (!it->second.allowed.empty()) help += " (allowed: " + it->second.allowed + ")";
+    }
+    std::string names = "--" + flag;
+    if (flag.find('_') != std::string::npos) {
+      std::string dashed = flag;
+      std::replace(dashed.begin(), dashed.end(), '_', '-');
+      names += ",--" + dashed;
+    }
+    cmd->add_option_function<std::string>(
+           names, [flags, key](const std::string& v) { flags->set.emplace_back(key, v); }, help)
+        ->type_name("VALUE");
+    taken.insert(flag);
   };
-  static const KeyFlag key_flags[] = {
-      {"--num_processes,--num-processes", "num_processes", "Total processes across machines"},
-      {"--num_machines,--num-machines", "num_machines", "Machines in the run"},
-      {"--machine_rank,--machine-rank", "machine_rank", "This machine's index"},
-      {"--main_process_ip,--main-process-ip", "main_process_ip", "Address of the machine of rank 0"},
-      {"--main_process_port,--main-process-port", "main_process_port", "Rendezvous port (0: a free one)"},
-      {"--max_restarts,--max-restarts", "max_restarts", "Restart all workers up to N times after a failure"},
-      {"--num_cpu_threads_per_process,--num-cpu-threads-per-process", "num_cpu_threads_per_process",
-       "OMP_NUM_THREADS and OPENBLAS_NUM_THREADS of each worker"},
-      {"--mixed_precision,--mixed-precision", "mixed_precision", "no, fp16 or bf16"},
-      {"--gpu_ids,--gpu-ids", "gpu_ids", "GPUs of this machine the workers use: all, or a comma list such as 0,1"},
-      {"--gradient_accumulation_steps,--gradient-accumulation-steps", "gradient_accumulation_steps",
-       "Micro-batches per optimizer step"},
-      {"--strategy", "strategy", "Strategy plugin name, preset or path"},
-      {"--precision", "precision", "Precision plugin name or path"},
-      {"--log_dir,--log-dir", "log_dir", "Write each rank's output to LOG_DIR/rank_<r>.log"},
-      // Accelerate's section flags: they set the strategy's section key, which takes effect
-      // when that strategy runs (--use_deepspeed, --use_fsdp or the config select it).
-      {"--zero_stage,--zero-stage", "deepspeed_config.zero_stage", "ZeRO stage 0-3 (with --use_deepspeed)"},
-      {"--fsdp_sharding_strategy,--fsdp-sharding-strategy", "fsdp_config.fsdp_sharding_strategy",
-       "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, ... (with --use_fsdp)"},
-  };
-  for (const auto& f : key_flags) {
-    auto* opt = cmd->add_option_function<std::string>(
-        f.names, [flags, key = std::string(f.key)](const std::string& v) { flags->set.emplace_back(key, v); },
-        f.help);
-    opt->type_name("VALUE");
+  for (const char* key : {"num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port",
+                          "max_restarts", "num_cpu_threads_per_process", "mixed_precision", "gpu_ids",
+                          "gradient_accumulation_steps", "strategy", "precision", "log_dir"})
+    key_flag(key, key);
+  // The installed strategies' section keys, under their own names as Accelerate's launcher
+  // takes them (--zero_stage, --offload_optimizer_device, --fsdp_sharding_strategy, ...): they
+  // take effect when that strategy runs (--use_deepspeed, --use_fsdp or the config select it).
+  // A key two sections share, or one named like a flag above, keeps the first meaning.
+  for (const auto& [path, row] : rows) {
+    const auto dot = path.find('.');
+    if (dot == std::string::npos) continue;
+    const std::string leaf = path.substr(dot + 1);
+    if (!taken.count(leaf)) key_flag(leaf, path);
   }
   add_set_option(
       *cmd, [flags](std::string key, std::string value) { flags->set.emplace_back(std::move(key), std::move(value)); },

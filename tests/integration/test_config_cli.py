@@ -251,6 +251,14 @@ def accelerate_flags(home):
         (["--cpu"], "single", {}),
         (["--use_deepspeed", "--strategy", "ddp", "--num_processes", "2"], "ddp", {}),
         (["--mixed_precision", "bf16", "--use_fsdp", "--num_processes", "2"], "fsdp", {}),
+        # Every section key of an installed strategy is a flag under its own name, as Accelerate's
+        # launcher takes them (flags derived from the schema, not listed by hand).
+        (["--use_deepspeed", "--zero_stage", "3", "--offload_optimizer_device", "cpu", "--offload_param_device", "cpu",
+          "--gradient_clipping", "1.0", "--num_processes", "2"], "zero",
+         {"stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu", "gradient_clipping": 1.0}),
+        (["--use_fsdp", "--fsdp_offload_params", "true", "--fsdp_forward_prefetch", "true",
+          "--fsdp-backward-prefetch", "NO_PREFETCH", "--num_processes", "2"], "fsdp",
+         {"offload_params": True, "forward_prefetch": True, "backward_prefetch": "NO_PREFETCH"}),
     ]
     for flags, strategy, options in cases:
         p, plan = dry_run_plan(home, *flags)
@@ -271,6 +279,8 @@ def accelerate_flags(home):
         (["--use_deepspeed", "--zero_stage", "5", "--num_processes", "2"], "zero stage out of range", "zero_stage"),
         (["--use_fsdp", "--fsdp_sharding_strategy", "HALF", "--num_processes", "2"], "unknown sharding strategy",
          "FULL_SHARD"),
+        (["--use_fsdp", "--fsdp_forward_prefetch", "maybe", "--num_processes", "2"], "a bool flag's bad value",
+         "fsdp_forward_prefetch"),
     ]:
         p, _ = dry_run_plan(home, *flags)
         check_clean_failure(p, what, expect)

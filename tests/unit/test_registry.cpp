@@ -219,3 +219,31 @@ TEST(HostOptions, TypedLookUpsAndUnknownKeys) {
   EXPECT_EQ(host->option_string(host, json.c_str(), "name", small, sizeof small, &size, &found),
             HASTEN_ERR_INVALID_ARGUMENT);
 }
+
+// A plugin's option defaults live once, in its described options: the SDK's Options reads an
+// absent key's default_json, a set key's value, and nothing for a key described without one.
+TEST(HostOptions, AbsentKeysReadTheirDescribedDefault) {
+  const hasten_host_api* host = hasten::detail::registry_host();
+  using hasten::sdk::OptionSpec;
+  static constexpr hasten_option_spec specs[] = {
+      OptionSpec("cap", HASTEN_OPTION_FLOAT, "a size").default_json("25"),
+      OptionSpec("on", HASTEN_OPTION_BOOL, "a switch").default_json("true"),
+      OptionSpec("mode", HASTEN_OPTION_ENUM, "a mode").allowed("a,b").default_json("\"b\""),
+      OptionSpec("n", HASTEN_OPTION_INT, "a count").default_json("7"),
+      OptionSpec("free", HASTEN_OPTION_STRING, "no default"),
+  };
+  const hasten::sdk::Options unset(host, "{}", specs);
+  EXPECT_EQ(unset.number("cap"), 25.0);
+  EXPECT_EQ(unset.boolean("on"), true);
+  EXPECT_EQ(unset.text("mode"), "b");
+  EXPECT_EQ(unset.integer("n"), 7);
+  EXPECT_FALSE(unset.text("free").has_value());
+  const hasten::sdk::Options set(host, R"({"cap": 4, "on": false, "mode": "a", "n": 1, "free": "x"})", specs);
+  EXPECT_EQ(set.number("cap"), 4.0);
+  EXPECT_EQ(set.boolean("on"), false);
+  EXPECT_EQ(set.text("mode"), "a");
+  EXPECT_EQ(set.integer("n"), 1);
+  EXPECT_EQ(set.text("free"), "x");
+  // Without the description an absent key stays absent.
+  EXPECT_FALSE(hasten::sdk::Options(host, "{}").number("cap").has_value());
+}

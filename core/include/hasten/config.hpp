@@ -144,7 +144,23 @@ inline Config resolve_config(const Options& code = {}) {
 // Reads and validates one config file on its own (no other sources). Throws ConfigError.
 Config load_config_file(const std::string& path);
 
-// One line per schema key: "key\ttype\tdefault\tallowed\tdescription" (docs and CLI).
+// One config key as the schema describes it: the one definition that `hasten config keys`,
+// docs/config.md (checked by a test), `hasten launch`'s flags and the questionnaire read.
+struct ConfigKeyInfo {
+  std::string key;                   // dotted: "mixed_precision", "fsdp_config.fsdp_sharding_strategy"
+  std::string type;                  // bool, int, float, string, enum, list, map, section, any
+  std::string default_text;          // as a message shows it; "" when the key has no default
+  std::vector<std::string> choices;  // enum: the values allowed
+  std::optional<double> min, max;    // int, float: the bounds
+  std::string allowed;               // what is allowed, in words ("0 to 65535", "no, fp16, bf16")
+  std::string env;                   // HASTEN_<KEY>; "" for a section
+  std::string doc;                   // one line
+};
+
+// Every key: hasten's, Accelerate's and the installed strategies' section keys.
+std::vector<ConfigKeyInfo> config_keys();
+
+// One line per schema key: "key\ttype\tdefault\tallowed\tenvironment\tdescription" (docs and CLI).
 std::vector<std::string> config_key_table();
 
 // The default config file written by `hasten config default` (YAML text).

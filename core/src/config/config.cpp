@@ -408,22 +408,36 @@ Config load_config_file(const std::string& path) {
   return finish(std::move(layers), path, {});
 }
 
-std::vector<std::string> config_key_table() {
-  std::vector<std::string> rows;
+std::vector<ConfigKeyInfo> config_keys() {
+  std::vector<ConfigKeyInfo> keys;
   const FullSchema full = full_schema({});
   for (auto& k : full.keys) {
-    std::string allowed = join(k.choices, ", ");
+    ConfigKeyInfo info;
+    info.key = k.path;
+    info.type = short_type(k.type);
+    info.default_text = k.def.is_null() ? "" : show(k.def);
+    info.choices = k.choices;
+    info.min = k.min;
+    info.max = k.max;
+    info.allowed = join(k.choices, ", ");
     auto bound = [&](double d) {
       return k.type == KeyType::Int ? std::to_string(static_cast<long long>(d)) : show(json(d));
     };
     if (k.min && k.max)
-      allowed = bound(*k.min) + " to " + bound(*k.max);
+      info.allowed = bound(*k.min) + " to " + bound(*k.max);
     else if (k.min && k.type == KeyType::Int)
-      allowed = ">= " + std::to_string(static_cast<long long>(*k.min));
-    rows.push_back(k.path + "\t" + short_type(k.type) + "\t" +
-                   (k.def.is_null() ? "" : show(k.def)) + "\t" + allowed + "\t" +
-                   (k.type == KeyType::Section ? "" : env_name(k.path)) + "\t" + k.doc);
+      info.allowed = ">= " + std::to_string(static_cast<long long>(*k.min));
+    info.env = k.type == KeyType::Section ? "" : env_name(k.path);
+    info.doc = k.doc;
+    keys.push_back(std::move(info));
   }
+  return keys;
+}
+
+std::vector<std::string> config_key_table() {
+  std::vector<std::string> rows;
+  for (const auto& k : config_keys())
+    rows.push_back(k.key + "\t" + k.type + "\t" + k.default_text + "\t" + k.allowed + "\t" + k.env + "\t" + k.doc);
   return rows;
 }
 

@@ -10,18 +10,33 @@
 #include "grad_scaler.hpp"
 
 namespace hasten::precision {
+
+constexpr hasten_option_spec kFp16Options[] = {
+    sdk::OptionSpec("init_scale", HASTEN_OPTION_FLOAT, "The first loss scale").default_json("65536"),
+    sdk::OptionSpec("growth_factor", HASTEN_OPTION_FLOAT, "Scale multiplier after growth_interval finite steps")
+        .default_json("2"),
+    sdk::OptionSpec("backoff_factor", HASTEN_OPTION_FLOAT, "Scale multiplier after a step with inf/NaN gradients")
+        .default_json("0.5"),
+    sdk::OptionSpec("growth_interval", HASTEN_OPTION_INT, "Finite steps between scale growths").default_json("2000"),
+    sdk::OptionSpec("enabled", HASTEN_OPTION_BOOL, "false: no loss scaling").default_json("true"),
+    sdk::OptionSpec("cpu_scaler_only", HASTEN_OPTION_BOOL,
+                    "On the CPU: float32 forward, only the loss scaler runs (for tests without a GPU)")
+        .default_json("false"),
+};
+
 namespace {
 
-// Keys and types were checked by the host against kFp16Options (below).
+// Keys and types were checked by the host against kFp16Options; an absent key is its
+// default_json there.
 GradScalerOptions parse_options(const hasten_host_api* host, std::string_view text, bool* cpu_scaler_only) {
-  const sdk::Options in(host, text);
+  const sdk::Options in(host, text, kFp16Options);
   GradScalerOptions o;
-  o.init_scale = in.number("init_scale").value_or(o.init_scale);
-  o.growth_factor = in.number("growth_factor").value_or(o.growth_factor);
-  o.backoff_factor = in.number("backoff_factor").value_or(o.backoff_factor);
-  o.growth_interval = in.integer("growth_interval").value_or(o.growth_interval);
-  o.enabled = in.boolean("enabled").value_or(o.enabled);
-  *cpu_scaler_only = in.boolean("cpu_scaler_only").value_or(false);
+  o.init_scale = in.number("init_scale").value();
+  o.growth_factor = in.number("growth_factor").value();
+  o.backoff_factor = in.number("backoff_factor").value();
+  o.growth_interval = in.integer("growth_interval").value();
+  o.enabled = in.boolean("enabled").value();
+  *cpu_scaler_only = in.boolean("cpu_scaler_only").value();
   return o;
 }
 
@@ -69,18 +84,6 @@ class Fp16Precision final : public sdk::Precision {
 
 }  // namespace
 
-constexpr hasten_option_spec kFp16Options[] = {
-    sdk::OptionSpec("init_scale", HASTEN_OPTION_FLOAT, "The first loss scale").default_json("65536"),
-    sdk::OptionSpec("growth_factor", HASTEN_OPTION_FLOAT, "Scale multiplier after growth_interval finite steps")
-        .default_json("2"),
-    sdk::OptionSpec("backoff_factor", HASTEN_OPTION_FLOAT, "Scale multiplier after a step with inf/NaN gradients")
-        .default_json("0.5"),
-    sdk::OptionSpec("growth_interval", HASTEN_OPTION_INT, "Finite steps between scale growths").default_json("2000"),
-    sdk::OptionSpec("enabled", HASTEN_OPTION_BOOL, "false: no loss scaling").default_json("true"),
-    sdk::OptionSpec("cpu_scaler_only", HASTEN_OPTION_BOOL,
-                    "On the CPU: float32 forward, only the loss scaler runs (for tests without a GPU)")
-        .default_json("false"),
-};
 
 const hasten_plugin_descriptor kFp16Descriptor = sdk::with_options(
     sdk::precision_descriptor<Fp16Precision>("fp16", "1.0", "CUDA autocast to float16 with dynamic loss scaling"),

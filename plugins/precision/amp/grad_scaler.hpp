@@ -13,12 +13,14 @@
 
 namespace hasten::precision {
 
+// The scaler's settings; fp16's described options (fp16_precision.cpp, kFp16Options) hold
+// their defaults (PyTorch's GradScaler's: 65536, 2, 0.5, 2000, enabled).
 struct GradScalerOptions {
-  double init_scale = 65536.0;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  int64_t growth_interval = 2000;
-  bool enabled = true;
+  double init_scale = 0;
+  double growth_factor = 0;
+  double backoff_factor = 0;
+  int64_t growth_interval = 0;
+  bool enabled = false;
 };
 
 class GradScaler {

@@ -20,30 +20,50 @@ namespace {
 
 using hasten::sdk::Error;
 
-struct Options {
-  double bucket_cap_mb = 25.0;
-  double first_bucket_cap_mb = 1.0;
-  bool find_unused_parameters = false;
-  bool broadcast_buffers = true;
+using hasten::sdk::OptionSpec;
+
+// PyTorch DDP's options (Accelerate's DistributedDataParallelKwargs).
+constexpr hasten_option_spec kDdpOptions[] = {
+    OptionSpec("bucket_cap_mb", HASTEN_OPTION_FLOAT, "Gradient bucket size in MiB (> 0)").default_json("25"),
+    OptionSpec("first_bucket_cap_mb", HASTEN_OPTION_FLOAT, "Size of the first bucket in MiB (> 0)").default_json("1"),
+    OptionSpec("find_unused_parameters", HASTEN_OPTION_BOOL, "Parameters may get no gradient in a step")
+        .default_json("false"),
+    OptionSpec("broadcast_buffers", HASTEN_OPTION_BOOL, "Broadcast rank 0's buffers before each forward")
+        .default_json("true"),
+    OptionSpec("gradient_as_bucket_view", HASTEN_OPTION_BOOL, "Accepted; gradients always are views of the buckets"),
+    OptionSpec("static_graph", HASTEN_OPTION_BOOL, "Only false (true is refused: no static-graph mode)")
+        .default_json("false"),
+    OptionSpec("check_reduction", HASTEN_OPTION_BOOL, "Only false (deprecated in PyTorch, which ignores it)")
+        .default_json("false"),
+    OptionSpec("dim", HASTEN_OPTION_INT, "Batch dimension; only 0").default_json("0"),
+    OptionSpec("comm_hook", HASTEN_OPTION_ENUM, "Gradient compression hook; only no").allowed("no"),
+    OptionSpec("comm_wrapper", HASTEN_OPTION_ENUM, "Gradient compression wrapper; only no").allowed("no"),
 };
 
-// The host has checked every key and type against kDdpOptions (below); what is left here is
-// what involves meaning.
+// The options' values; their defaults are kDdpOptions' default_json, read by parse_options.
+struct Options {
+  double bucket_cap_mb = 0;
+  double first_bucket_cap_mb = 0;
+  bool find_unused_parameters = false;
+  bool broadcast_buffers = false;
+};
+
+// The host has checked every key and type against kDdpOptions; what is left here is what
+// involves meaning. An absent key reads as its described default.
 Options parse_options(const hasten_host_api* host, std::string_view text) {
-  const hasten::sdk::Options in(host, text);
+  const hasten::sdk::Options in(host, text, kDdpOptions);
   Options o;
   auto positive = [&](const char* key, double& out) {
-    if (auto v = in.number(key)) {
-      if (*v <= 0)
-        throw Error(HASTEN_ERR_INVALID_ARGUMENT, std::string("ddp options: ") + key + ": expected a positive number, got " +
-                                                     std::to_string(*v));
-      out = *v;
-    }
+    const double v = in.number(key).value();
+    if (v <= 0)
+      throw Error(HASTEN_ERR_INVALID_ARGUMENT, std::string("ddp options: ") + key + ": expected a positive number, got " +
+                                                   std::to_string(v));
+    out = v;
   };
   positive("bucket_cap_mb", o.bucket_cap_mb);
   positive("first_bucket_cap_mb", o.first_bucket_cap_mb);
-  o.find_unused_parameters = in.boolean("find_unused_parameters").value_or(o.find_unused_parameters);
-  o.broadcast_buffers = in.boolean("broadcast_buffers").value_or(o.broadcast_buffers);
+  o.find_unused_parameters = in.boolean("find_unused_parameters").value();
+  o.broadcast_buffers = in.boolean("broadcast_buffers").value();
   // PyTorch's static_graph=True lets DDP support reentrant backwards and parameters used
   // several times per backward; hasten's ddp has not that mode, so true is refused rather than
   // accepted and ignored. check_reduction is deprecated in PyTorch, which ignores it.
@@ -275,25 +295,6 @@ class DdpStrategy final : public hasten::sdk::Strategy {
   std::vector<std::unique_ptr<Model>> models_;
 };
 
-using hasten::sdk::OptionSpec;
-
-// PyTorch DDP's options (Accelerate's DistributedDataParallelKwargs).
-constexpr hasten_option_spec kDdpOptions[] = {
-    OptionSpec("bucket_cap_mb", HASTEN_OPTION_FLOAT, "Gradient bucket size in MiB (> 0)").default_json("25"),
-    OptionSpec("first_bucket_cap_mb", HASTEN_OPTION_FLOAT, "Size of the first bucket in MiB (> 0)").default_json("1"),
-    OptionSpec("find_unused_parameters", HASTEN_OPTION_BOOL, "Parameters may get no gradient in a step")
-        .default_json("false"),
-    OptionSpec("broadcast_buffers", HASTEN_OPTION_BOOL, "Broadcast rank 0's buffers before each forward")
-        .default_json("true"),
-    OptionSpec("gradient_as_bucket_view", HASTEN_OPTION_BOOL, "Accepted; gradients always are views of the buckets"),
-    OptionSpec("static_graph", HASTEN_OPTION_BOOL, "Only false (true is refused: no static-graph mode)")
-        .default_json("false"),
-    OptionSpec("check_reduction", HASTEN_OPTION_BOOL, "Only false (deprecated in PyTorch, which ignores it)")
-        .default_json("false"),
-    OptionSpec("dim", HASTEN_OPTION_INT, "Batch dimension; only 0").default_json("0"),
-    OptionSpec("comm_hook", HASTEN_OPTION_ENUM, "Gradient compression hook; only no").allowed("no"),
-    OptionSpec("comm_wrapper", HASTEN_OPTION_ENUM, "Gradient compression wrapper; only no").allowed("no"),
-};
 
 constexpr hasten_plugin_descriptor kDdp = hasten::sdk::answering(
     hasten::sdk::with_options(

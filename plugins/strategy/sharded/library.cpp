@@ -3,55 +3,13 @@
 // of DeepSpeed's JSON files is in deepspeed_json.cpp.
 #include "sharded_strategy.hpp"
 
+#include <iterator>
+
 namespace {
 
 using hasten::sharded::ShardedStrategy;
 
 
-class ZeroStrategy final : public hasten::sdk::Strategy {
- public:
-  ZeroStrategy(const hasten_host_api* host, std::string_view options)
-      : Strategy(host), impl_(host, hasten::sharded::parse_zero_options(host, options)) {}
-#define HASTEN_FORWARD_STRATEGY                                                                                \
-  void prepare_model(torch::nn::Module& m, const hasten_model_info& i) override { impl_.prepare_model(m, i); } \
-  void prepare_optimizer(torch::optim::Optimizer& o) override { impl_.prepare_optimizer(o); }                  \
-  void set_gradient_sync(torch::nn::Module& m, bool e) override { impl_.set_gradient_sync(m, e); }            \
-  void before_backward() override { impl_.before_backward(); }                                                 \
-  void after_backward() override { impl_.after_backward(); }                                                   \
-  void before_optimizer_step(torch::optim::Optimizer& o) override { impl_.before_optimizer_step(o); }          \
-  void after_optimizer_step(torch::optim::Optimizer& o) override { impl_.after_optimizer_step(o); }            \
-  double clip_grad_norm(torch::nn::Module& m, double n, double t) override { return impl_.clip_grad_norm(m, n, t); } \
-  void unit_pre_forward(torch::nn::Module& m, uint32_t u) override { impl_.unit_pre_forward(m, u); }          \
-  void unit_post_forward(torch::nn::Module& m, uint32_t u, at::Tensor* const* o, uint32_t n) override {        \
-    impl_.unit_post_forward(m, u, o, n);                                                                        \
-  }                                                                                                             \
-  void memory_report(hasten_memory_report& r) override { impl_.memory_report(r); }                            \
-  void state_dict(torch::nn::Module& m, int32_t k, const Emit& e) override { impl_.state_dict(m, k, e); }      \
-  void load_state_dict(torch::nn::Module& m, const NamedTensorRefs& t) override { impl_.load_state_dict(m, t); } \
-  void load_state_dict_ranges(torch::nn::Module& m, const ReadRange& r) override { impl_.load_state_dict_ranges(m, r); } \
-  void optimizer_state(torch::optim::Optimizer& o, torch::nn::Module& m, const Emit& e) override {            \
-    impl_.optimizer_state(o, m, e);                                                                             \
-  }                                                                                                             \
-  void load_optimizer_state(torch::optim::Optimizer& o, torch::nn::Module& m, const NamedTensorRefs& t) override { \
-    impl_.load_optimizer_state(o, m, t);                                                                        \
-  }
-  HASTEN_FORWARD_STRATEGY
-
- private:
-  ShardedStrategy impl_;
-};
-
-class FsdpStrategy final : public hasten::sdk::Strategy {
- public:
-  FsdpStrategy(const hasten_host_api* host, std::string_view options)
-      : Strategy(host),
-        impl_(host, hasten::sharded::parse_fsdp_options(host, options, hasten::sdk::process_info(host).num_nodes)) {}
-  HASTEN_FORWARD_STRATEGY
-
- private:
-  ShardedStrategy impl_;
-};
-#undef HASTEN_FORWARD_STRATEGY
 
 constexpr hasten_preset kZeroPresets[] = {
     hasten::sdk::make_preset("zero1", "ZeRO stage 1: optimizer state sharded", R"({"stage": 1})"),
@@ -147,6 +105,54 @@ constexpr hasten_option_spec kFsdpOptions[] = {
         .section_key("fsdp_ignored_modules"),
     OptionSpec("version", HASTEN_OPTION_INT, "1 or 2 (both map to hasten's fsdp)").range(1, 2).section_key("fsdp_version"),
 };
+
+// The strategies: each reads its options against its vocabulary above (an absent key is its
+// default_json there).
+class ZeroStrategy final : public hasten::sdk::Strategy {
+ public:
+  ZeroStrategy(const hasten_host_api* host, std::string_view options)
+      : Strategy(host), impl_(host, hasten::sharded::parse_zero_options(host, options, kZeroOptions, std::size(kZeroOptions))) {}
+#define HASTEN_FORWARD_STRATEGY                                                                                \
+  void prepare_model(torch::nn::Module& m, const hasten_model_info& i) override { impl_.prepare_model(m, i); } \
+  void prepare_optimizer(torch::optim::Optimizer& o) override { impl_.prepare_optimizer(o); }                  \
+  void set_gradient_sync(torch::nn::Module& m, bool e) override { impl_.set_gradient_sync(m, e); }            \
+  void before_backward() override { impl_.before_backward(); }                                                 \
+  void after_backward() override { impl_.after_backward(); }                                                   \
+  void before_optimizer_step(torch::optim::Optimizer& o) override { impl_.before_optimizer_step(o); }          \
+  void after_optimizer_step(torch::optim::Optimizer& o) override { impl_.after_optimizer_step(o); }            \
+  double clip_grad_norm(torch::nn::Module& m, double n, double t) override { return impl_.clip_grad_norm(m, n, t); } \
+  void unit_pre_forward(torch::nn::Module& m, uint32_t u) override { impl_.unit_pre_forward(m, u); }          \
+  void unit_post_forward(torch::nn::Module& m, uint32_t u, at::Tensor* const* o, uint32_t n) override {        \
+    impl_.unit_post_forward(m, u, o, n);                                                                        \
+  }                                                                                                             \
+  void memory_report(hasten_memory_report& r) override { impl_.memory_report(r); }                            \
+  void state_dict(torch::nn::Module& m, int32_t k, const Emit& e) override { impl_.state_dict(m, k, e); }      \
+  void load_state_dict(torch::nn::Module& m, const NamedTensorRefs& t) override { impl_.load_state_dict(m, t); } \
+  void load_state_dict_ranges(torch::nn::Module& m, const ReadRange& r) override { impl_.load_state_dict_ranges(m, r); } \
+  void optimizer_state(torch::optim::Optimizer& o, torch::nn::Module& m, const Emit& e) override {            \
+    impl_.optimizer_state(o, m, e);                                                                             \
+  }                                                                                                             \
+  void load_optimizer_state(torch::optim::Optimizer& o, torch::nn::Module& m, const NamedTensorRefs& t) override { \
+    impl_.load_optimizer_state(o, m, t);                                                                        \
+  }
+  HASTEN_FORWARD_STRATEGY
+
+ private:
+  ShardedStrategy impl_;
+};
+
+class FsdpStrategy final : public hasten::sdk::Strategy {
+ public:
+  FsdpStrategy(const hasten_host_api* host, std::string_view options)
+      : Strategy(host),
+        impl_(host, hasten::sharded::parse_fsdp_options(host, options, hasten::sdk::process_info(host).num_nodes,
+                                                          kFsdpOptions, std::size(kFsdpOptions))) {}
+  HASTEN_FORWARD_STRATEGY
+
+ private:
+  ShardedStrategy impl_;
+};
+#undef HASTEN_FORWARD_STRATEGY
 
 using hasten::sdk::answering;
 using hasten::sdk::with_options;

@@ -44,14 +44,15 @@ void only_none(const sdk::Options& in, const std::string& key, const std::string
 
 }  // namespace
 
-Options parse_zero_options(const hasten_host_api* host, std::string_view json) {
-  const sdk::Options in(host, json);
+Options parse_zero_options(const hasten_host_api* host, std::string_view json, const hasten_option_spec* specs,
+                           size_t n_specs) {
+  const sdk::Options in(host, json, specs, n_specs);
   Options o;
   o.label = "zero";
-  if (auto stage = in.integer("stage")) o.stage = static_cast<int>(*stage);
+  o.stage = static_cast<int>(in.integer("stage").value());
   o.offload_optimizer = offload_to_cpu("offload_optimizer_device", in.text("offload_optimizer_device"));
   o.offload_params = offload_to_cpu("offload_param_device", in.text("offload_param_device"));
-  if (auto clip = in.number("gradient_clipping")) o.gradient_clipping = *clip;
+  o.gradient_clipping = in.number("gradient_clipping").value();
   // zero3_init_flag, zero3_save_16bit_model: accepted (hasten builds full models first and
   // always saves full weights); their type was checked by the host.
   only_none(in, "offload_optimizer_nvme_path", "nvme offload is not supported");
@@ -75,13 +76,12 @@ Options parse_zero_options(const hasten_host_api* host, std::string_view json) {
   return o;
 }
 
-Options parse_fsdp_options(const hasten_host_api* host, std::string_view json, int num_nodes) {
-  const sdk::Options in(host, json);
+Options parse_fsdp_options(const hasten_host_api* host, std::string_view json, int num_nodes,
+                           const hasten_option_spec* specs, size_t n_specs) {
+  const sdk::Options in(host, json, specs, n_specs);
   Options o;
   o.label = "fsdp";
-  o.stage = 3;                 // FULL_SHARD
-  o.backward_prefetch = true;  // BACKWARD_PRE
-  if (auto s = in.text("sharding_strategy")) o.stage = stage_of("sharding_strategy", *s, num_nodes);
+  o.stage = stage_of("sharding_strategy", in.text("sharding_strategy").value(), num_nodes);
   // reshard_after_forward: FSDP2's boolean, or (FSDP1 files) a sharding strategy name.
   {
     std::optional<bool> flag;
@@ -96,8 +96,8 @@ Options parse_fsdp_options(const hasten_host_api* host, std::string_view json, i
   }
   for (const char* key : {"offload_params", "cpu_offload"})
     if (auto offload = in.boolean(key)) o.offload_params = o.offload_optimizer = *offload;
-  if (auto prefetch = in.text("backward_prefetch")) o.backward_prefetch = *prefetch != "NO_PREFETCH";
-  o.forward_prefetch = in.boolean("forward_prefetch").value_or(false);
+  o.backward_prefetch = in.text("backward_prefetch").value() != "NO_PREFETCH";
+  o.forward_prefetch = in.boolean("forward_prefetch").value();
   if (in.boolean("activation_checkpointing").value_or(false))
     throw Error(HASTEN_ERR_UNSUPPORTED, "fsdp: activation_checkpointing is not supported");
   if (in.text("ignored_modules"))

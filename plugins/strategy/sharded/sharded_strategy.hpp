@@ -35,8 +35,11 @@
 
 namespace hasten::sharded {
 
+// What the strategy does, from either vocabulary (options.cpp). The defaults of the options
+// each vocabulary describes are its descriptor's default_json (library.cpp), read when a key is
+// absent; these initial values are only what a vocabulary without the option means.
 struct Options {
-  int stage = 2;
+  int stage = 0;
   bool offload_optimizer = false;  // master shards, their gradients and optimizer state on the CPU
   bool offload_params = false;     // stage 3: parameters live only as CPU shards at rest
   bool reshard_after_forward = true;
@@ -46,8 +49,12 @@ struct Options {
   std::string label = "zero";      // the plugin's name, for messages
 };
 
-Options parse_zero_options(const hasten_host_api* host, std::string_view json);
-Options parse_fsdp_options(const hasten_host_api* host, std::string_view json, int num_nodes);
+// Each vocabulary's options (options.cpp), read against its described options `specs` (the
+// descriptor's array, library.cpp): an absent key is its default_json there.
+Options parse_zero_options(const hasten_host_api* host, std::string_view json, const hasten_option_spec* specs,
+                           size_t n_specs);
+Options parse_fsdp_options(const hasten_host_api* host, std::string_view json, int num_nodes,
+                           const hasten_option_spec* specs, size_t n_specs);
 
 class ShardedStrategy final : public sdk::Strategy {
  public:

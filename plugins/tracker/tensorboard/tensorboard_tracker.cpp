@@ -64,12 +64,26 @@ google::protobuf::Value hparam_value(const nlohmann::json& v) {
   return out;
 }
 
+using hasten::sdk::OptionSpec;
+
+// PyTorch SummaryWriter's defaults.
+constexpr hasten_option_spec kOptions[] = {
+    OptionSpec("flush_secs", HASTEN_OPTION_FLOAT,
+               "Write buffered events every this many seconds, logging or not (0: write on every log call)")
+        .min(0.0)
+        .default_json("120"),
+    OptionSpec("max_queue", HASTEN_OPTION_INT, "Write buffered events when this many are waiting").min(1).default_json("10"),
+    OptionSpec("run_name", HASTEN_OPTION_STRING,
+               "Name of the run directory under <logging_dir>/<project>/tensorboard (default <YYYYmmdd-HHMMSS>_<host>)"),
+};
+
 class TensorboardTracker final : public hasten::sdk::Tracker {
  public:
   TensorboardTracker(const hasten_host_api* host, std::string_view options) : Tracker(host) {
-    const hasten::sdk::Options in(host, options);  // keys and types checked against kOptions
-    flush_secs_ = in.number("flush_secs").value_or(flush_secs_);
-    max_queue_ = in.integer("max_queue").value_or(max_queue_);
+    // Keys and types checked against kOptions; an absent key is its default_json there.
+    const hasten::sdk::Options in(host, options, kOptions);
+    flush_secs_ = in.number("flush_secs").value();
+    max_queue_ = in.integer("max_queue").value();
     run_name_ = in.text("run_name").value_or("");
     if (run_name_.find('/') != std::string::npos || run_name_ == "." || run_name_ == "..")
       throw Error(HASTEN_ERR_INVALID_ARGUMENT,
@@ -247,8 +261,8 @@ class TensorboardTracker final : public hasten::sdk::Tracker {
     }
   }
 
-  double flush_secs_ = 120.0;
-  int64_t max_queue_ = 10;
+  double flush_secs_ = 0;  // kOptions' defaults: SummaryWriter's 120 s and 10 events
+  int64_t max_queue_ = 0;
   std::string run_name_;
   std::string run_dir_;
   double last_flush_ = 0;
@@ -261,18 +275,6 @@ class TensorboardTracker final : public hasten::sdk::Tracker {
   std::thread timer_;
 };
 
-using hasten::sdk::OptionSpec;
-
-// PyTorch SummaryWriter's defaults.
-constexpr hasten_option_spec kOptions[] = {
-    OptionSpec("flush_secs", HASTEN_OPTION_FLOAT,
-               "Write buffered events every this many seconds, logging or not (0: write on every log call)")
-        .min(0.0)
-        .default_json("120"),
-    OptionSpec("max_queue", HASTEN_OPTION_INT, "Write buffered events when this many are waiting").min(1).default_json("10"),
-    OptionSpec("run_name", HASTEN_OPTION_STRING,
-               "Name of the run directory under <logging_dir>/<project>/tensorboard (default <YYYYmmdd-HHMMSS>_<host>)"),
-};
 
 constexpr hasten_plugin_descriptor kTensorboard = hasten::sdk::with_options(
     hasten::sdk::tracker_descriptor<TensorboardTracker>(

@@ -144,12 +144,26 @@ inline void require_no_options(std::string_view options_json, const std::string&
 // throws Error with the host's message for a value of another type.
 //   Options o(host, options_json, "shm", {"buffer_mb"});
 //   if (auto mb = o.number("buffer_mb")) ...
+// Built with the plugin's described options (the array its descriptor points to), a getter
+// returns an absent key's default_json instead, so that a default lives once, in the
+// description `hasten plugins describe` prints:
+//   Options o(host, options_json, kDdpOptions);
+//   const double mb = *o.number("bucket_cap_mb");   // 25 unless set
 class Options {
  public:
   // For a plugin whose descriptor describes its options (ABI 1.2): the host has already
   // refused unknown keys and values of the wrong type, so only the look-ups remain.
   Options(const hasten_host_api* host, std::string_view options_json)
       : host_(host), text_(options_json.empty() ? std::string("{}") : std::string(options_json)) {}
+  // The same, with the described defaults (`specs` is static: the descriptor's array).
+  template <size_t N>
+  Options(const hasten_host_api* host, std::string_view options_json, const hasten_option_spec (&specs)[N])
+      : Options(host, options_json, specs, N) {}
+  Options(const hasten_host_api* host, std::string_view options_json, const hasten_option_spec* specs, size_t n_specs)
+      : Options(host, options_json) {
+    specs_ = specs;
+    n_specs_ = n_specs;
+  }
   Options(const hasten_host_api* host, std::string_view options_json, const std::string& plugin,
           std::initializer_list<const char*> allowed)
       : host_(host), text_(options_json.empty() ? std::string("{}") : std::string(options_json)) {
@@ -162,6 +176,7 @@ class Options {
     int32_t v = 0, found = 0;
     require(offsetof(hasten_host_api, option_bool), (const void*)host_->option_bool);
     ok(host_->option_bool(host_, text_.c_str(), key, &v, &found));
+    if (!found && !default_doc(key).empty()) ok(host_->option_bool(host_, default_doc(key).c_str(), key, &v, &found));
     return found ? std::optional<bool>(v != 0) : std::nullopt;
   }
   std::optional<int64_t> integer(const char* key) const {
@@ -169,6 +184,7 @@ class Options {
     int32_t found = 0;
     require(offsetof(hasten_host_api, option_int), (const void*)host_->option_int);
     ok(host_->option_int(host_, text_.c_str(), key, &v, &found));
+    if (!found && !default_doc(key).empty()) ok(host_->option_int(host_, default_doc(key).c_str(), key, &v, &found));
     return found ? std::optional<int64_t>(v) : std::nullopt;
   }
   std::optional<double> number(const char* key) const {
@@ -176,16 +192,22 @@ class Options {
     int32_t found = 0;
     require(offsetof(hasten_host_api, option_float), (const void*)host_->option_float);
     ok(host_->option_float(host_, text_.c_str(), key, &v, &found));
+    if (!found && !default_doc(key).empty()) ok(host_->option_float(host_, default_doc(key).c_str(), key, &v, &found));
     return found ? std::optional<double>(v) : std::nullopt;
   }
   std::optional<std::string> text(const char* key) const {
     size_t size = 0;
     int32_t found = 0;
     require(offsetof(hasten_host_api, option_string), (const void*)host_->option_string);
-    ok(host_->option_string(host_, text_.c_str(), key, nullptr, 0, &size, &found));
+    const std::string* doc = &text_;
+    ok(host_->option_string(host_, doc->c_str(), key, nullptr, 0, &size, &found));
+    if (!found && !default_doc(key).empty()) {
+      doc = &default_doc(key);
+      ok(host_->option_string(host_, doc->c_str(), key, nullptr, 0, &size, &found));
+    }
     if (!found) return std::nullopt;
     std::string out(size, '\0');
-    ok(host_->option_string(host_, text_.c_str(), key, out.data(), out.size(), &size, &found));
+    ok(host_->option_string(host_, doc->c_str(), key, out.data(), out.size(), &size, &found));
     out.resize(size - 1);
     return out;
   }
@@ -217,8 +239,24 @@ class Options {
     if (host_ == nullptr || host_->struct_size <= offset || slot == nullptr)
       throw Error(HASTEN_ERR_UNSUPPORTED, "this hasten host has no option look-ups (ABI 1.1 needed)");
   }
+  // {"key": default_json} of a described key, "" for one without a default (or no specs):
+  // the host's own look-ups then read the default as they read the options.
+  const std::string& default_doc(const char* key) const {
+    if (auto it = defaults_.find(key); it != defaults_.end()) return it->second;
+    for (size_t i = 0; i < n_specs_; ++i) {
+      const hasten_option_spec& s = specs_[i];
+      if (s.name != nullptr && s.default_json != nullptr && std::string_view(s.name) == key) {
+        return defaults_[key] = "{\"" + std::string(key) + "\": " + s.default_json + "}";
+      }
+    }
+    static const std::string none;
+    return none;
+  }
   const hasten_host_api* host_;
   std::string text_;
+  const hasten_option_spec* specs_ = nullptr;
+  size_t n_specs_ = 0;
+  mutable std::map<std::string, std::string> defaults_;  // key -> its default document, made once
 };
 
 // Common base of every plugin instance: holds the host table (static, never owned).
