@@ -177,4 +177,9 @@ std::unique_ptr<StoreWire> connect_c10d_store(const std::string& host, int port,
   return std::make_unique<C10dWire>(*made, where, key_prefix);
 }
 
+namespace {
+// Registers the connector with the rendezvous when libhasten loads.
+const bool g_c10d_connector_registered = (c10d_store_connector() = &connect_c10d_store, true);
+}  // namespace
+
 }  // namespace hasten::detail

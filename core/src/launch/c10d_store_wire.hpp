@@ -2,6 +2,7 @@
 // it as c10d clients, under the agent's per-attempt key prefix, as torch's env:// does.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -14,5 +15,13 @@ namespace hasten::detail {
 // something accepted and never answered. c10d's own waits default to call_timeout_ms.
 std::unique_ptr<StoreWire> connect_c10d_store(const std::string& host, int port, const std::string& key_prefix,
                                               int64_t attempt_ms, int64_t call_timeout_ms);
+
+// The rendezvous (LibTorch-free, launch/) reaches connect_c10d_store through this pointer,
+// which c10d_store_wire.cpp (LibTorch's half of the core) sets when libhasten loads: launch/
+// links without LibTorch, and a program without that half is told so instead of failing to link.
+using C10dStoreConnector = std::unique_ptr<StoreWire> (*)(const std::string& host, int port,
+                                                          const std::string& key_prefix, int64_t attempt_ms,
+                                                          int64_t call_timeout_ms);
+C10dStoreConnector& c10d_store_connector();
 
 }  // namespace hasten::detail

@@ -2,10 +2,10 @@
 #include <hasten/error.hpp>
 #include <hasten/process.hpp>
 
+#include <unistd.h>  // environ (glibc declares it with _GNU_SOURCE, which g++ defines)
+
 #include <cerrno>
 #include <cstdlib>
-
-extern char** environ;
 
 namespace hasten {
 

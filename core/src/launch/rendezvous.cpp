@@ -30,6 +30,11 @@
 
 namespace hasten::detail {
 
+C10dStoreConnector& c10d_store_connector() {
+  static C10dStoreConnector connector = nullptr;
+  return connector;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -240,8 +245,12 @@ std::unique_ptr<Store> rendezvous(const ProcessInfo& p, int64_t timeout_ms) {
     if (!mine) {
       auto c = std::make_shared<Connection>();
       if (agent_store) {
+        const C10dStoreConnector connect = c10d_store_connector();
+        if (connect == nullptr)
+          throw Error("rendezvous: joining torchrun's store at " + where +
+                      " needs LibTorch's c10d client, which only libhasten links (this program has launch/ alone)");
         c->wire = open_store(p, where, timeout_ms, [&](int64_t attempt_ms, int64_t) {
-          return connect_c10d_store(p.master_addr, p.master_port, prefix, attempt_ms, timeout_ms);
+          return connect(p.master_addr, p.master_port, prefix, attempt_ms, timeout_ms);
         });
       } else {
         // hasten's own store, authenticated by the run's token (HASTEN_RUN_TOKEN, made by the

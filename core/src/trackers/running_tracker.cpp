@@ -26,8 +26,6 @@
 #include "trackers/tracker_instance.hpp"
 #include "trackers/tracker_wire.hpp"
 
-extern char** environ;
-
 namespace hasten::detail {
 
 namespace {
