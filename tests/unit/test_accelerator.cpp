@@ -315,6 +315,64 @@ TEST(Precision, Fp16ScalerSkipsBacksOffAndGrows) {
   EXPECT_FALSE(torch::equal(model->weight.detach(), before));
 }
 
+// The fp16 loss scaler's scale and growth tracker are in the checkpoint: a run resumed after
+// step 3 ends with the weights and the scale of the straight run. (Without them the resumed
+// scaler would restart at init_scale with a zero tracker: 1024 right after the load instead of
+// 512, and 2048 at the end instead of 1024.)
+struct Fp16Run {
+  torch::Tensor weight;
+  double scale_after_load = 0;
+  double final_scale = 0;
+};
+
+Fp16Run fp16_run(int steps, int resume_after, const std::filesystem::path& dir) {
+  const Data d = make_data(8);
+  auto options = [&] {
+    Options o = isolated();
+    o.mixed_precision = "fp16";
+    o.project_dir = dir.string();
+    o.set = {{"precision_options", "{cpu_scaler_only: true, init_scale: 1024, growth_interval: 3}"}};
+    return o;
+  };
+  Fp16Run r;
+  auto train = [&](int from, int to, bool load) {
+    Accelerator acc(options());
+    auto model = make_model();
+    torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.05));
+    auto [net, opt] = acc.prepare(model, adam);
+    if (load) {
+      acc.load_state((dir / "ckpt").string());
+      r.scale_after_load = acc.loss_scale();
+    }
+    for (int i = from; i < to; ++i) {
+      acc.backward(F::cross_entropy(net(d.x), d.y));
+      if (i == 1) model->weight.mutable_grad()[0][0] = std::numeric_limits<float>::quiet_NaN();  // skipped; halves
+      opt.step();
+      opt.zero_grad();
+    }
+    if (to < steps) acc.save_state((dir / "ckpt").string());
+    r.weight = model->weight.detach().clone();
+    r.final_scale = acc.loss_scale();
+  };
+  if (resume_after <= 0) {
+    train(0, steps, false);
+  } else {
+    train(0, resume_after, false);
+    train(resume_after, steps, true);
+  }
+  return r;
+}
+
+TEST(Precision, Fp16ScalerStateIsCheckpointedAndAResumedRunEqualsTheStraightOne) {
+  hasten::test::TempDir straight_dir, resumed_dir;
+  const Fp16Run straight = fp16_run(7, 0, straight_dir.path());
+  const Fp16Run resumed = fp16_run(7, 3, resumed_dir.path());
+  EXPECT_DOUBLE_EQ(resumed.scale_after_load, 512.0) << "the scale after step 1's skip, not init_scale";
+  EXPECT_DOUBLE_EQ(straight.final_scale, 1024.0);
+  EXPECT_DOUBLE_EQ(resumed.final_scale, straight.final_scale);
+  EXPECT_TRUE(torch::equal(resumed.weight, straight.weight));
+}
+
 TEST(Precision, Fp16OptionsAreValidated) {
   Options o = isolated();
   o.mixed_precision = "fp16";

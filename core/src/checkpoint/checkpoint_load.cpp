@@ -321,8 +321,38 @@ void Engine::Impl::CheckpointLoad::apply() {
   }
   s_.accumulation.step = state_["accumulation"].value("step", int64_t{0});
   s_.accumulation.window = state_["accumulation"].value("window", int64_t{1});
+  restore_precision();
   if (manifest_.contains("checkpoint") && manifest_["checkpoint"].is_number_integer())
     s_.checkpoints.save_iteration = manifest_["checkpoint"].get<int64_t>() + 1;
+}
+
+// The precision's state (ABI 1.7): a resumed fp16 run continues with the scale the straight
+// run has. A checkpoint of another precision, or of one without state, leaves this run's as
+// it is and says so: changing precision on resume is allowed, losing a scaler's state quietly
+// is not.
+void Engine::Impl::CheckpointLoad::restore_precision() {
+  if (!s_.precision) return;
+  const bool saved = state_.contains("precision");
+  const std::string mine = s_.precision->name();
+  if (!s_.precision->has_state()) {
+    if (saved)
+      get_logger()->warn("load_state: the checkpoint holds precision '{}''s state; this run's precision '{}' keeps none",
+                         state_["precision"]["plugin"].get<std::string>(), mine);
+    return;
+  }
+  if (!saved) {
+    get_logger()->warn("load_state: the checkpoint holds no precision state (saved without one, or by an older "
+                       "hasten); precision '{}' starts its own afresh",
+                       mine);
+    return;
+  }
+  const std::string theirs = state_["precision"]["plugin"].get<std::string>();
+  if (theirs != mine) {
+    get_logger()->warn("load_state: the checkpoint holds precision '{}''s state; precision '{}' starts its own afresh",
+                       theirs, mine);
+    return;
+  }
+  s_.precision->load_state_dict(state_["precision"]["state"].dump());
 }
 
 void Engine::Impl::CheckpointLoad::apply_gradients(size_t i) {

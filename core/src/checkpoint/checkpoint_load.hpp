@@ -89,6 +89,9 @@ class Engine::Impl::CheckpointLoad {
   // backward.
   void apply_gradients(size_t i);
 
+  // The precision plugin's state (a loss scaler's), where the checkpoint has this precision's.
+  void restore_precision();
+
   Engine& engine_;
   Impl& s_;
   const std::filesystem::path dir_;

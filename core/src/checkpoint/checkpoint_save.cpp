@@ -209,6 +209,17 @@ std::string Engine::save_state(const std::string& requested) {
                   {"loaders", loaders},
                   {"accumulation", {{"step", s.accumulation.step}, {"window", s.accumulation.window}}},
                   {"custom", custom}};
+    // The precision's state (fp16: the loss scaler's scale and growth tracker), equal on every
+    // rank (each step's overflow verdict is agreed by all): rank 0's.
+    if (s.precision) {
+      if (auto text = s.precision->state_dict()) {
+        json parsed = json::parse(*text, nullptr, false);
+        if (!parsed.is_object())
+          throw Error("save_state: precision plugin '" + s.precision->name() + "' returned a state that is not a JSON object: " +
+                      *text);
+        state["precision"] = {{"plugin", s.precision->name()}, {"state", parsed}};
+      }
+    }
     attempt([&] { files.push_back(write_file(tmp, kState, state.dump(1))); });
   }
   attempt([&] { write_rank_files(tmp, rank, files); });

@@ -31,6 +31,12 @@ void validate_state(const json& st, const std::string& path) {
   integer(st, "world_size", "", 1, 1 << 24);
   if (!st.contains("strategy") || !st["strategy"].is_string()) throw bad("strategy", "a string");
   integer(st, "models", "", 0, 1 << 16);
+  if (st.contains("precision")) {
+    const json& p = st["precision"];
+    if (!p.is_object() || !p.contains("plugin") || !p["plugin"].is_string() || !p.contains("state") ||
+        !p["state"].is_object())
+      throw bad("precision", "an object {\"plugin\": a name, \"state\": an object}");
+  }
   if (!st.contains("optimizers") || !st["optimizers"].is_object()) throw bad("optimizers", "an object");
   const json& opt = st["optimizers"];
   integer(opt, "count", "optimizers.", 0, 1 << 16);

@@ -4,6 +4,9 @@
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
+#include <optional>
+#include <string>
+
 #include "plugins/plugin_instances.hpp"
 
 namespace hasten::detail {
@@ -47,6 +50,22 @@ class PrecisionInstance : public PluginInstance {
     double scale = 1.0;
     if (auto fn = vt().precision.loss_scale) call("loss_scale", [&] { return fn(instance_, &scale); });
     return scale;
+  }
+  // ABI 1.7: the state a checkpoint keeps (a JSON object's text); nullopt for a precision
+  // without state (or of an older minor, whose copied vtable has the slot NULL).
+  std::optional<std::string> state_dict() {
+    auto fn = vt().precision.state_dict;
+    if (fn == nullptr) return std::nullopt;
+    size_t size = 0;
+    call("state_dict", [&] { return fn(instance_, nullptr, 0, &size); });
+    std::string text(size, '\0');
+    call("state_dict", [&] { return fn(instance_, text.data(), text.size(), &size); });
+    text.resize(size == 0 ? 0 : size - 1);
+    return text;
+  }
+  bool has_state() const { return vt().precision.state_dict != nullptr && vt().precision.load_state_dict != nullptr; }
+  void load_state_dict(const std::string& json) {
+    if (auto fn = vt().precision.load_state_dict) call("load_state_dict", [&] { return fn(instance_, json.c_str()); });
   }
 
  private:

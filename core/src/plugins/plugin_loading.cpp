@@ -171,6 +171,11 @@ std::unique_ptr<LoadedPlugin> validate_descriptor(const hasten_plugin_descriptor
     std::memcpy(&fn, reinterpret_cast<const char*>(&plugin->vt) + offset, sizeof(fn));
     if (fn == nullptr) return refuse(label, std::string("required slot '") + slot + "' is NULL");
   }
+  // A precision that saves state must load it too (ABI 1.7): a resumed run would otherwise
+  // silently start its scaler afresh.
+  if (kind == PluginKind::Precision && (plugin->vt.precision.state_dict == nullptr) !=
+                                           (plugin->vt.precision.load_state_dict == nullptr))
+    return refuse(label, "slots 'state_dict' and 'load_state_dict' come together, and one of them is NULL");
 
   PluginInfo& info = plugin->info;
   info.kind = kind;

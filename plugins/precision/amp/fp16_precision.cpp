@@ -9,6 +9,9 @@
 #include "descriptors.hpp"
 #include "grad_scaler.hpp"
 
+#include <cstdio>
+#include <string>
+
 namespace hasten::precision {
 
 constexpr hasten_option_spec kFp16Options[] = {
@@ -71,6 +74,22 @@ class Fp16Precision final : public sdk::Precision {
     scaler_.update(optimizer, skipped);
   }
   double loss_scale() override { return scaler_.scale(); }
+  // The scaler's scale and growth tracker, as PyTorch's GradScaler.state_dict() keeps them: a
+  // resumed run continues with the scale the straight run has at that step.
+  std::string state_dict() override {
+    char scale[32];
+    std::snprintf(scale, sizeof scale, "%.17g", scaler_.scale());
+    return std::string("{\"scale\": ") + scale + ", \"growth_tracker\": " + std::to_string(scaler_.growth_tracker()) + "}";
+  }
+  void load_state_dict(const std::string& json) override {
+    const sdk::Options in(host(), json);
+    const auto scale = in.number("scale");
+    const auto tracker = in.integer("growth_tracker");
+    if (!scale || !tracker || !(*scale > 0) || *tracker < 0)
+      throw sdk::Error(HASTEN_ERR_INVALID_ARGUMENT,
+                       "fp16 state: expected {\"scale\": a number > 0, \"growth_tracker\": an integer >= 0}, got " + json);
+    scaler_.restore(*scale, *tracker);
+  }
 
  private:
   // Every rank must skip together: a non-finite gradient anywhere skips the step everywhere.

@@ -38,6 +38,11 @@ class GradScaler {
 
   double scale() const { return scale_; }
   int64_t growth_tracker() const { return growth_tracker_; }
+  // A checkpoint's scale and growth tracker (between steps: no step is under way).
+  void restore(double scale, int64_t growth_tracker) {
+    scale_ = scale;
+    growth_tracker_ = growth_tracker;
+  }
 
  private:
   struct StepState {

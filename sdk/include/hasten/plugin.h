@@ -1,5 +1,5 @@
 /*
- * hasten plugin ABI, version 1.6.
+ * hasten plugin ABI, version 1.7.
  *
  * The one contract between the hasten core (the "host") and its plugins: strategies,
  * precision, trackers and communication backends. C99, no LibTorch, no C++.
@@ -46,6 +46,8 @@
  *            slot work_wait_stream (a wait for CUDA work that orders a stream instead of
  *            blocking the host, used by host waits on CUDA buffers; see "Stream-ordered
  *            waits" at the comm kind).
+ *     1.7    precision slots state_dict and load_state_dict (a checkpoint keeps a loss
+ *            scaler's scale and growth tracker, so a resumed fp16 run is the straight one).
  *
  * - Tensors in asynchronous calls: a DLTensor struct passed to any call (and its shape and
  *   strides arrays) is borrowed for the duration of the call only; a callee that needs them
@@ -87,7 +89,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------ */
 
 #define HASTEN_ABI_MAJOR 1
-#define HASTEN_ABI_MINOR 6
+#define HASTEN_ABI_MINOR 7
 /* Packed as (major << 16) | minor in every abi_version field. */
 #define HASTEN_ABI_VERSION ((uint32_t)((HASTEN_ABI_MAJOR << 16) | HASTEN_ABI_MINOR))
 #define HASTEN_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -548,6 +550,15 @@ typedef struct hasten_precision_vtable {
                               int32_t skipped);
   /* Optional. The current loss scale (1.0 when there is none). */
   hasten_status (*loss_scale)(hasten_instance* self, double* scale);
+  /* Since 1.7. Optional (NULL: the precision keeps no state). The state a checkpoint keeps (a
+   * loss scaler's scale and growth tracker), as the text of one JSON object: written into
+   * buffer (borrowed, capacity bytes, NUL included) when it fits; *size receives the bytes
+   * needed, NUL included. capacity 0 only asks for the size. Not collective. */
+  hasten_status (*state_dict)(hasten_instance* self, char* buffer, size_t capacity, size_t* size);
+  /* Since 1.7. Optional; required with state_dict. Restores what state_dict wrote (json:
+   * borrowed, NUL-terminated), before the step after which it was saved. A text it cannot
+   * read is HASTEN_ERR_INVALID_ARGUMENT with a message naming what is wrong. Not collective. */
+  hasten_status (*load_state_dict)(hasten_instance* self, const char* json);
 } hasten_precision_vtable;
 
 /* ------------------------------------------------------------------------------------------ */

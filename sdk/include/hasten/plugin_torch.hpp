@@ -368,6 +368,10 @@ class Precision : public PluginBase {
     (void)optimizer, (void)skipped;
   }
   virtual double loss_scale() { return 1.0; }
+  // The state a checkpoint keeps, as one JSON object's text (ABI 1.7); override both or
+  // neither. load_state_dict throws Error for a text it cannot read.
+  virtual std::string state_dict() { return "{}"; }
+  virtual void load_state_dict(const std::string& json) { (void)json; }
 };
 
 template <class T>
@@ -412,6 +416,24 @@ constexpr hasten_precision_vtable make_precision_vtable() {
     vt.loss_scale = [](hasten_instance* i, double* scale) noexcept {
       return detail::call<Precision>(i, [&](Precision& p) { *scale = p.loss_scale(); });
     };
+  static_assert(HASTEN_SDK_OVERRIDES(T, Precision, state_dict) == HASTEN_SDK_OVERRIDES(T, Precision, load_state_dict),
+                "a precision that saves state must also load it (override state_dict and load_state_dict)");
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Precision, state_dict)) {
+    vt.state_dict = [](hasten_instance* i, char* buffer, size_t capacity, size_t* size) noexcept {
+      return detail::call<Precision>(i, [&](Precision& p) {
+        const std::string text = p.state_dict();
+        *size = text.size() + 1;
+        if (capacity == 0) return;
+        if (capacity < *size)
+          throw Error(HASTEN_ERR_INVALID_ARGUMENT, "precision state_dict: a buffer of " + std::to_string(capacity) +
+                                                       " bytes, " + std::to_string(*size) + " needed");
+        std::memcpy(buffer, text.c_str(), *size);
+      });
+    };
+    vt.load_state_dict = [](hasten_instance* i, const char* json) noexcept {
+      return detail::call<Precision>(i, [&](Precision& p) { p.load_state_dict(json); });
+    };
+  }
   return vt;
 }
 template <class T>
