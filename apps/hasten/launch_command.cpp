@@ -329,7 +329,7 @@ void add_launch_command(CLI::App& app, Action& action) {
   };
   for (const char* key : {"num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port",
                           "max_restarts", "num_cpu_threads_per_process", "mixed_precision", "gpu_ids",
-                          "gradient_accumulation_steps", "strategy", "precision", "log_dir"})
+                          "gradient_accumulation_steps", "strategy", "precision", "log_dir", "rdzv_backend"})
     key_flag(key, key);
   // The installed strategies' section keys, under their own names as Accelerate's launcher
   // takes them (--zero_stage, --offload_optimizer_device, --fsdp_sharding_strategy, ...): they
@@ -369,8 +369,27 @@ void add_launch_command(CLI::App& app, Action& action) {
   cmd->add_flag_function("--cpu", [flags](int64_t) { flags->set.emplace_back("use_cpu", "true"); },
                          "Train on the CPU (use_cpu: true)")
       ->excludes(paradigms[0]);
-  cmd->add_flag_function("--tee", [flags](int64_t) { flags->set.emplace_back("tee", "true"); },
-                         "Also write per-rank logs (to --log_dir, default hasten_logs/launch)");
+  // torchrun's (and so Accelerate's) --tee takes which streams to copy into the log files: 0
+  // none, 1 stdout, 2 stderr, 3 both. hasten's log files hold both streams of every rank.
+  cmd->add_option_function<std::string>(
+         "--tee",
+         [flags](const std::string& v) {
+           if (v != "0" && v != "3")
+             throw CLI::ValidationError("--tee", "value '" + v +
+                                                     "' is not allowed (allowed: 0, no log files, or 3, both "
+                                                     "streams of every rank; hasten writes no one-stream logs)");
+           flags->set.emplace_back("tee", v == "3" ? "true" : "false");
+         },
+         "Copy each rank's output into LOG_DIR/rank_<r>.log (default hasten_logs/launch): 3 (stdout and stderr) "
+         "or 0 (none), torchrun's values")
+      ->type_name("0|3");
+  // Accelerate's --dynamo_backend: TorchDynamo compiles Python; hasten runs LibTorch modules as
+  // they are. "no" (Accelerate's default) is accepted, a backend refused by the config check.
+  cmd->add_option_function<std::string>(
+         "--dynamo_backend,--dynamo-backend",
+         [flags](const std::string& v) { flags->set.emplace_back("dynamo_config", "{dynamo_backend: '" + v + "'}"); },
+         "Only no: torch.compile (TorchDynamo) compiles Python, and hasten runs LibTorch's C++ modules as they are")
+      ->type_name("no");
   cmd->add_flag_function("--debug", [flags](int64_t) { flags->set.emplace_back("debug", "true"); },
                          "Check collectives across ranks");
   cmd->add_flag("--dry-run,--dry_run", flags->dry_run, "Print the plan and start nothing");

@@ -60,6 +60,11 @@ with tempfile.TemporaryDirectory() as d:
         (h.example("--strategy", "ddp", "--set", "strategy_options={check_reduction: true}", *quick),
          "ddp check_reduction", "ddp options: check_reduction: true is not supported"),
     ]
+    dynamo = os.path.join(d, "dynamo.yaml")
+    with open(dynamo, "w") as f:
+        f.write("dynamo_config:\n  dynamo_backend: INDUCTOR\n")
+    cases.append((h.hasten("env", "--config_file", dynamo), "a dynamo backend in a config file",
+                  f"dynamo_config.dynamo_backend (file {dynamo}): 'INDUCTOR' is not supported (allowed: NO)"))
     zero3 = ("--set", "distributed_type=DEEPSPEED", "--set", "deepspeed_config.zero_stage=3")
     for key, value, expect in [
         ("offload_optimizer_nvme_path", "/nvme", "nvme offload is not supported; allowed: none"),

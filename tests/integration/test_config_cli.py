@@ -251,6 +251,8 @@ def accelerate_flags(home):
         (["--cpu"], "single", {}),
         (["--use_deepspeed", "--strategy", "ddp", "--num_processes", "2"], "ddp", {}),
         (["--mixed_precision", "bf16", "--use_fsdp", "--num_processes", "2"], "fsdp", {}),
+        (["--use_fsdp", "--num_processes", "2", "--dynamo_backend", "no", "--tee", "3", "--rdzv_backend", "static"],
+         "fsdp", {}),
         # Every section key of an installed strategy is a flag under its own name, as Accelerate's
         # launcher takes them (flags derived from the schema, not listed by hand).
         (["--use_deepspeed", "--zero_stage", "3", "--offload_optimizer_device", "cpu", "--offload_param_device", "cpu",
@@ -281,6 +283,14 @@ def accelerate_flags(home):
          "FULL_SHARD"),
         (["--use_fsdp", "--fsdp_forward_prefetch", "maybe", "--num_processes", "2"], "a bool flag's bad value",
          "fsdp_forward_prefetch"),
+        # Accelerate's --tee takes torchrun's stream selector; hasten's logs hold both streams.
+        (["--tee", "1"], "--tee 1", "value '1' is not allowed (allowed: 0, no log files, or 3, both streams"),
+        # TorchDynamo compiles Python: a backend is refused, not ignored.
+        (["--dynamo_backend", "inductor"], "--dynamo_backend inductor",
+         "dynamo_config.dynamo_backend (flag): 'inductor' is not supported (allowed: NO)"),
+        (["--rdzv_backend", "c10d"], "--rdzv_backend c10d", "rdzv_backend: 'c10d' is not allowed (allowed: static)"),
+        (["--megatron_lm_tp_degree", "2"], "a flag of Accelerate's hasten has no meaning for",
+         "unknown option '--megatron_lm_tp_degree'"),
     ]:
         p, _ = dry_run_plan(home, *flags)
         check_clean_failure(p, what, expect)

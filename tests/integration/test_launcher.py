@@ -106,7 +106,7 @@ with tempfile.TemporaryDirectory() as d:
 
     # Per-rank logs, and output prefixed with the rank.
     logs = os.path.join(d, "logs")
-    p, _ = launch(["--tee", "--log_dir", logs], ["--steps", "3"], {**env, "HASTEN_LOG_LEVEL": "debug"})
+    p, _ = launch(["--tee", "3", "--log_dir", logs], ["--steps", "3"], {**env, "HASTEN_LOG_LEVEL": "debug"})
     if p.returncode != 0 or "[rank 0] done 3 steps" not in p.stdout:
         h.fail(f"a clean run failed or lost its prefix (exit {p.returncode}):\n{p.stdout}\n{p.stderr}")
     # hasten's own log lines name the rank once: the launcher's prefix, not the logger's too.

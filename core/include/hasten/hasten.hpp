@@ -8,6 +8,7 @@
 #include <hasten/error.hpp>
 #include <hasten/launch.hpp>
 #include <hasten/logging.hpp>
+#include <hasten/memory.hpp>
 #include <hasten/process.hpp>
 #include <hasten/progress.hpp>
 #include <hasten/safetensors.hpp>

@@ -234,6 +234,16 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
                       ") applies only with scheduler_steps_per_process: true (Accelerate's scheduler arithmetic, "
                       "whose step bound it adjusts); hasten's default schedule steps once per optimizer step and "
                       "has no bound to adjust: set scheduler_steps_per_process: true, or remove adjust_scheduler");
+  // dynamo_config: TorchDynamo (torch.compile) compiles Python; a LibTorch C++ module runs as
+  // it is. Accelerate's default backend (NO) is accepted; a backend is refused, not ignored.
+  if (merged.contains("dynamo_config") && merged["dynamo_config"].is_object() &&
+      merged["dynamo_config"].contains("dynamo_backend")) {
+    const json& b = merged["dynamo_config"]["dynamo_backend"];
+    if (!b.is_null() && !(b.is_string() && to_lower(b.get<std::string>()) == "no"))
+      throw ConfigError("config error: dynamo_config.dynamo_backend (" + where("dynamo_config") + "): '" + show(b) +
+                        "' is not supported (allowed: NO): torch.compile (TorchDynamo) compiles Python code, and "
+                        "hasten runs LibTorch's C++ modules as they are");
+  }
   c.pad_out_of_range_dim = get_str(merged, "pad_out_of_range_dim");
   c.num_cpu_threads_per_process = merged["num_cpu_threads_per_process"].get<int>();
   c.max_restarts = merged["max_restarts"].get<int>();
