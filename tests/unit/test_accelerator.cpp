@@ -667,3 +667,65 @@ TEST(Prepare, ReturnsObjectsInOrderAndUnwraps) {
   auto ph = acc.prepare(holder);
   EXPECT_EQ(ph->weight.size(0), 2);
 }
+
+// register_save_state_pre_hook / register_load_state_pre_hook: a hook that saves the model its
+// own way into the staging directory (its file is part of the checkpoint) and takes it out of
+// the list, so hasten writes no weights of it; the load hook reads it back its own way; a
+// removed hook runs no more.
+TEST(Checkpoints, PreHooksSaveAndLoadAModelTheirOwnWay) {
+  hasten::test::TempDir dir;
+  const Data d = make_data(8);
+  Accelerator acc(isolated());
+  auto model = make_model();
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto [net, opt] = acc.prepare(model, sgd);
+  acc.backward(F::cross_entropy(net(d.x), d.y));
+  opt.step();
+  const torch::Tensor trained = model->weight.detach().clone();
+
+  int saves = 0, loads = 0;
+  auto save_hook = acc.register_save_state_pre_hook([&](hasten::StateHookArgs& a) {
+    ++saves;
+    EXPECT_EQ(a.models, std::vector<size_t>{net.index()});
+    a.models.clear();
+    torch::save(model->weight.detach().clone(), a.dir + "/own_weight.pt");
+  });
+  const auto ckpt = (dir.path() / "ckpt").string();
+  acc.save_state(ckpt);
+  EXPECT_EQ(saves, 1);
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/own_weight.pt"));
+  EXPECT_FALSE(std::filesystem::exists(ckpt + "/model.safetensors"));
+
+  // Without a load hook the weights hasten did not write are missing: one clear error.
+  {
+    torch::NoGradGuard no_grad;
+    model->weight.zero_();
+  }
+  try {
+    acc.load_state(ckpt);
+    FAIL() << "loading a checkpoint without the model's weights must fail";
+  } catch (const hasten::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model"), std::string::npos) << e.what();
+  }
+  auto load_hook = acc.register_load_state_pre_hook([&](hasten::StateHookArgs& a) {
+    ++loads;
+    EXPECT_EQ(a.dir, ckpt);
+    a.models.clear();
+    torch::Tensor w;
+    torch::load(w, a.dir + "/own_weight.pt");
+    torch::NoGradGuard no_grad;
+    model->weight.copy_(w);
+  });
+  acc.load_state(ckpt);
+  EXPECT_EQ(loads, 1);
+  EXPECT_TRUE(torch::equal(model->weight.detach(), trained));
+
+  // Removed: the next save writes the weights itself.
+  save_hook.remove();
+  load_hook.remove();
+  const auto again = (dir.path() / "again").string();
+  acc.save_state(again);
+  EXPECT_EQ(saves, 1);
+  EXPECT_TRUE(std::filesystem::exists(again + "/model.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(again + "/own_weight.pt"));
+}

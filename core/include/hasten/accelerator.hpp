@@ -416,6 +416,11 @@ class Accelerator {
   // included. Call it after prepare and before training.
   std::string save_state(const std::string& output_dir = "") { return engine_->save_state(output_dir); }
   std::string load_state(const std::string& input_dir = "") { return engine_->load_state(input_dir); }
+  // Hooks run on every rank at the start of save_state / load_state, in registration order,
+  // with the directory and the prepared models whose weights the call writes or reads; a hook
+  // may take models out of the list and save or load them itself (StateHookArgs).
+  HookHandle register_save_state_pre_hook(StateHook hook) { return state_pre_hook(true, std::move(hook)); }
+  HookHandle register_load_state_pre_hook(StateHook hook) { return state_pre_hook(false, std::move(hook)); }
   // The model's full weights for other tools (docs/checkpoints.md): dir/model.safetensors,
   // or shards of at most max_shard_size ("10GB", "500MB") with model.safetensors.index.json,
   // Hugging Face's layout; sharded strategies gather one unit at a time. Every rank calls it;
@@ -464,6 +469,14 @@ class Accelerator {
   void end_training() { engine_->end_training(); }
 
  private:
+  HookHandle state_pre_hook(bool save, StateHook hook) {
+    if (!hook) throw UsageError(std::string("register_") + (save ? "save" : "load") + "_state_pre_hook: the hook is empty");
+    const size_t id = engine_->add_state_pre_hook(save, std::move(hook));
+    std::weak_ptr<detail::Engine> engine = engine_;
+    return HookHandle([engine, id] {
+      if (auto e = engine.lock()) e->remove_state_pre_hook(id);
+    });
+  }
   template <class T, class F>
   static T on_tensors(const T& data, F fn) {
     static_assert(detail::has_tensor_leaves_v<T>,

@@ -171,10 +171,13 @@ bool Engine::Impl::CheckpointLoad::any_rank(bool mine) {
 }
 
 void Engine::Impl::CheckpointLoad::load_models() {
+  // Pre-hooks (register_load_state_pre_hook): they may take models they load themselves out.
+  const std::vector<bool> read_model = s_.run_state_pre_hooks(false, dir_.string());
   std::vector<NamedTensors> full(s_.models.size());
   std::vector<bool> in_ranges(s_.models.size(), false);
   for (size_t i = 0; i < s_.models.size(); ++i)
     attempt([&] {
+      if (!read_model[i]) return;
       if (sharded_ && s_.strategy->has_load_state_dict_ranges() && RangedFile::available(manifest_, model_file(i))) {
         read_model_ranges(i);
         in_ranges[i] = true;
@@ -188,7 +191,7 @@ void Engine::Impl::CheckpointLoad::load_models() {
   agree();
   if (sharded_)
     for (size_t i = 0; i < s_.models.size(); ++i)
-      if (!in_ranges[i]) s_.strategy->load_state_dict(*s_.models[i].module, full[i]);
+      if (read_model[i] && !in_ranges[i]) s_.strategy->load_state_dict(*s_.models[i].module, full[i]);
 }
 
 void Engine::Impl::CheckpointLoad::read_model_ranges(size_t i) {

@@ -5,7 +5,9 @@
 
 #include <hasten/detail/engine.hpp>
 
+#include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,9 @@ struct CheckpointRegistry {
   // Config `resume`: settled by the first load_state, resumed_from() or start of the loop.
   bool resume_settled = false;
   std::string resumed_from;  // the checkpoint this run continued from ("" if none)
+  // register_save_state_pre_hook / register_load_state_pre_hook, by id, in registration order.
+  std::map<size_t, StateHook> save_pre_hooks, load_pre_hooks;
+  size_t next_hook_id = 0;
 };
 
 }  // namespace hasten::detail

@@ -58,6 +58,58 @@ void Engine::register_for_checkpointing(CheckpointObject object) {
 
 int64_t Engine::save_iteration() const { return impl_->checkpoints.save_iteration; }
 
+size_t Engine::add_state_pre_hook(bool save, StateHook hook) {
+  CheckpointRegistry& c = impl_->checkpoints;
+  const size_t id = c.next_hook_id++;
+  (save ? c.save_pre_hooks : c.load_pre_hooks).emplace(id, std::move(hook));
+  return id;
+}
+
+void Engine::remove_state_pre_hook(size_t id) noexcept {
+  impl_->checkpoints.save_pre_hooks.erase(id);
+  impl_->checkpoints.load_pre_hooks.erase(id);
+}
+
+// Runs the pre-hooks of save_state or load_state on this rank and returns which prepared models
+// they left to the call. Every rank must leave the same ones (the weights move collectively):
+// a mask reduced both ways finds a difference, and every rank refuses it.
+std::vector<bool> Engine::Impl::run_state_pre_hooks(bool save, const std::string& dir) {
+  const char* what = save ? "save_state" : "load_state";
+  StateHookArgs args;
+  args.dir = dir;
+  for (size_t i = 0; i < models.size(); ++i) args.models.push_back(i);
+  std::vector<bool> kept(models.size(), false);
+  std::string failure;  // a hook's error: every rank learns of it before anyone leaves
+  try {
+    for (auto& [id, hook] : save ? checkpoints.save_pre_hooks : checkpoints.load_pre_hooks) hook(args);
+    for (size_t m : args.models) {
+      if (m >= models.size())
+        throw UsageError("a pre-hook put model " + std::to_string(m) + " in the list, and there are " +
+                         std::to_string(models.size()) + " prepared models");
+      kept[m] = true;
+    }
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  // [kept models..., this rank failed], reduced to its maximum and (negated) its minimum.
+  const auto n = static_cast<int64_t>(models.size());
+  torch::Tensor high = torch::zeros({n + 1}, torch::kDouble);
+  for (int64_t m = 0; m < n; ++m) high[m] = kept[static_cast<size_t>(m)] ? 1.0 : 0.0;
+  high[n] = failure.empty() ? 0.0 : 1.0;
+  torch::Tensor low = -high.clone();
+  if (process.world_size > 1) {
+    allreduce_(high, HASTEN_REDUCE_MAX);
+    allreduce_(low, HASTEN_REDUCE_MAX);
+  }
+  if (!failure.empty()) throw Error(std::string(what) + ": a pre-hook failed: " + failure);
+  if (high[n].item<double>() > 0)
+    throw Error(std::string(what) + ": a pre-hook failed on another rank (its message is in that rank's output)");
+  if (!torch::equal(high, -low))
+    throw UsageError(std::string(what) + ": the pre-hooks left different models on different ranks (every rank's "
+                     "hooks must take out the same ones: the weights are gathered collectively)");
+  return kept;
+}
+
 std::string Engine::save_state(const std::string& requested) {
   Impl& s = *impl_;
   const int rank = s.process.rank, world = s.process.world_size;
@@ -99,7 +151,18 @@ std::string Engine::save_state(const std::string& requested) {
       failure = e.what();
     }
   };
+  // Pre-hooks (register_save_state_pre_hook): they may write into the staging directory and
+  // take models whose weights they save themselves out of the list.
+  std::vector<bool> write_model;
+  try {
+    write_model = s.run_state_pre_hooks(true, tmp.string());
+  } catch (const std::exception&) {
+    std::error_code ec;
+    if (main) fs::remove_all(tmp, ec);  // nothing was saved: no staging directory is left behind
+    throw;
+  }
   for (size_t i = 0; i < s.models.size(); ++i) {
+    if (!write_model[i]) continue;
     const NamedTensors full = state_dict(i, 0);  // rank 0 holds them
     if (main)
       attempt([&] {

@@ -83,6 +83,9 @@ struct Engine::Impl {
   void join_round_before_clip(size_t model, double max_norm, double norm_type);
   // join_end under zero1/zero2: a rank out of batches shadows those rounds until none trains.
   void join_shadow();
+  // register_save_state_pre_hook / register_load_state_pre_hook (checkpoint_save.cpp): runs
+  // them and returns, per prepared model, whether the call still writes (reads) its weights.
+  std::vector<bool> run_state_pre_hooks(bool save, const std::string& dir);
   // One real optimizer step through the precision plugin and the strategy (step.cpp).
   void step_optimizer(OptimizerEntry& e);
 

@@ -171,6 +171,59 @@ TEST(Checkpoint, ResumeFromADirectoryAndItsErrors) {
   }
 }
 
+// Pre-hooks must leave the same models on every rank (the weights are gathered collectively):
+// a difference, or a hook that fails on one rank only, is an error on every rank (not a hang),
+// and no checkpoint or staging directory is left.
+TEST(Checkpoint, PreHooksThatDisagreeAcrossRanksAreAnErrorOnEveryRank) {
+  hasten::test::TempDir dir;
+  const fs::path out = dir.path();
+  hasten::launch(
+      [&] {
+        Options o;
+        o.strategy = "ddp";
+        Accelerator acc(o);
+        auto net = std::make_shared<torch::nn::LinearImpl>(4, 2);
+        torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+        auto [model, opt] = acc.prepare(net, sgd);
+        const int r = acc.process_index();
+        auto outcome = [&](const std::string& where) -> std::string {
+          try {
+            acc.save_state((out / where).string());
+            return "saved";
+          } catch (const hasten::Error& e) {
+            return e.what();
+          }
+        };
+        auto h = acc.register_save_state_pre_hook([r](hasten::StateHookArgs& a) {
+          if (r == 1) a.models.clear();
+        });
+        const std::string differ = outcome("a");
+        h.remove();
+        acc.register_save_state_pre_hook([r](hasten::StateHookArgs&) {
+          if (r == 0) throw std::runtime_error("disk quota exceeded");
+        });
+        const std::string fails = outcome("b");
+        std::ofstream(out / ("rank_" + std::to_string(r) + ".txt")) << differ << "\n" << fails << "\n";
+      },
+      ranks(2));
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(out / ("rank_" + std::to_string(r) + ".txt"));
+    std::string differ, fails;
+    std::getline(in, differ);
+    std::getline(in, fails);
+    EXPECT_NE(differ.find("save_state: the pre-hooks left different models on different ranks"), std::string::npos)
+        << "rank " << r << ": " << differ;
+    EXPECT_NE(fails.find(r == 0 ? "save_state: a pre-hook failed: disk quota exceeded" : "failed on another rank"),
+              std::string::npos)
+        << "rank " << r << ": " << fails;
+  }
+  for (const char* name : {"a", "b"}) {
+    EXPECT_FALSE(fs::exists(out / name)) << name;
+    for (auto& e : fs::directory_iterator(out))
+      EXPECT_EQ(e.path().filename().string().find(std::string(name) + "."), std::string::npos) << e.path();
+  }
+}
+
 // One rank: 13 batches an epoch, so micro-batch 20 is the 7th of epoch 2: the save falls in
 // the middle of an accumulation window and the partial gradients are part of the state.
 TEST(Checkpoint, ExactResumeSingleMidWindow) { exact_resume("single", 1); }

@@ -6,6 +6,7 @@
 #include <hasten/data.hpp>
 #include <hasten/gradient_state.hpp>
 #include <hasten/process.hpp>
+#include <hasten/state_hooks.hpp>
 #include <hasten/unit.hpp>
 
 #include <torch/nn/module.h>
@@ -174,6 +175,9 @@ class Engine {
     std::function<void(const std::vector<std::pair<std::string, torch::Tensor>>&)> load_tensors;
   };
   void register_for_checkpointing(CheckpointObject object);
+  // Pre-hooks of save_state (save = true) and load_state; the id removes one.
+  size_t add_state_pre_hook(bool save, StateHook hook);
+  void remove_state_pre_hook(size_t id) noexcept;
   std::string save_state(const std::string& dir);
   std::string load_state(const std::string& dir);
   int64_t save_iteration() const;
