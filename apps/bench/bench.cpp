@@ -115,6 +115,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-model-size", trial_size)->group("")->check(hasten::cli::integer_in(1, 1024));
   app.add_option("--max-model-seq", mm.seq)->group("")->check(hasten::cli::integer_in(1, 4096));
   app.add_option("--max-model-batch", mm.batch)->group("")->check(hasten::cli::integer_in(1, 4096));
+  bool data_bound = false;
+  app.add_flag("--data-workers", data_bound,
+               "Time a data-bound loop (get() costs a fixed, measured amount) with DataLoader num_workers 0, 1 and 2");
   std::string checkpoint_dir;
   app.add_option("--checkpoints", checkpoint_dir,
                  "Time save_state/load_state against plain file I/O in this directory instead (modes: default ddp2 zero3)");
@@ -162,6 +165,10 @@ int main(int argc, char** argv) {
           hasten::bench::checkpoints(w, *it, dir);
           std::filesystem::remove_all(dir);
         }
+      return 0;
+    }
+    if (data_bound) {
+      hasten::bench::data_workers(/*batches=*/40, /*rounds=*/5000);
       return 0;
     }
     if (run_collectives) {

@@ -226,4 +226,57 @@ void checkpoints(const std::string& workload, const Mode& mode, const std::strin
       lo);
 }
 
+namespace {
+
+// A dataset whose get() costs a fixed amount of CPU work per sample (as decoding an image or
+// tokenising a line would), the same on every thread: `rounds` passes of a multiply-add over
+// 4 KiB, ending in a value that depends on the index.
+struct Decoding {
+  int64_t n = 0;
+  int rounds = 0;
+  size_t size() const { return static_cast<size_t>(n); }
+  torch::data::Example<> get(size_t i) const {
+    std::vector<float> buf(1024, static_cast<float>(i % 97));
+    for (int r = 0; r < rounds; ++r)
+      for (auto& v : buf) v = v * 1.0001f + 0.5f;
+    return {torch::from_blob(buf.data(), {16}).clone(), torch::tensor(static_cast<int64_t>(i % 10))};
+  }
+};
+
+}  // namespace
+
+void data_workers(int64_t batches, int rounds) {
+  using Clock = std::chrono::steady_clock;
+  constexpr int64_t kBatch = 32;
+  const Decoding dataset{batches * kBatch, rounds};
+  // The measured cost of one get(), on the calling thread.
+  const int64_t probe = 256;
+  auto t0 = Clock::now();
+  float sink = 0;
+  for (int64_t i = 0; i < probe; ++i) sink += dataset.get(static_cast<size_t>(i)).data[0].item<float>();
+  const double get_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / probe;
+  for (int workers : {0, 1, 2}) {
+    hasten::DataLoaderOptions o;
+    o.batch_size = kBatch;
+    o.shuffle = true;
+    o.num_workers = workers;
+    hasten::DataLoader loader(dataset, o);
+    double checksum = 0;
+    int64_t samples = 0;
+    t0 = Clock::now();
+    for (auto& b : loader) {  // the "step": a reduction of the batch, far cheaper than reading it
+      checksum += b.input.sum().item<double>();
+      samples += b.size();
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::cout << nlohmann::json{{"impl", "hasten"},         {"bench", "data_workers"},
+                                {"num_workers", workers},    {"batch_size", kBatch},
+                                {"samples", samples},        {"get_us", get_us},
+                                {"seconds", seconds},        {"samples_per_s", samples / seconds},
+                                {"checksum", checksum + sink * 0}}
+                     .dump()
+              << std::endl;
+  }
+}
+
 }  // namespace hasten::bench

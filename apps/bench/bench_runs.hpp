@@ -27,4 +27,8 @@ void collectives(const std::string& comm, int64_t max_bytes);
 // sequential file I/O of the same bytes; one JSON line.
 void checkpoints(const std::string& workload, const Mode& mode, const std::string& dir);
 
+// --data-workers: a data-bound loop (a dataset whose get() costs a fixed amount of CPU, its
+// cost measured in the run) read with num_workers 0, 1 and 2; one JSON line each, samples/s.
+void data_workers(int64_t batches, int rounds);
+
 }  // namespace hasten::bench

@@ -143,10 +143,10 @@ int run_training(const Args& a, hasten::Options options) {
   using torch::indexing::Slice;
   hasten::DataLoader train_data(
       hasten::TensorDataset(train_windows.index({Slice(), Slice(0, -1)}), train_windows.index({Slice(), Slice(1)})),
-      {.batch_size = a.batch_size, .shuffle = true, .seed = a.seed});
+      {.batch_size = a.batch_size, .shuffle = true, .seed = a.seed, .num_workers = a.num_workers});
   hasten::DataLoader val_data(
       hasten::TensorDataset(val_windows.index({Slice(), Slice(0, -1)}), val_windows.index({Slice(), Slice(1)})),
-      {.batch_size = a.eval_batch_size});
+      {.batch_size = a.eval_batch_size, .num_workers = a.num_workers});
   auto [model, opt, train_loader, val_loader] = acc.prepare(net, adamw, train_data, val_data);  // hasten
 
   // Optimizer steps this process takes: per epoch its batches over the accumulation, rounded

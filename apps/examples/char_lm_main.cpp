@@ -87,6 +87,9 @@ int main(int argc, char** argv) {
                  "Validation windows, evenly spaced over the held-out text (0: all)")
       ->check(whole_number(0));
   app.add_option("--seed", a.seed, "Seed of the initial weights, the shuffle order and the sampling");
+  app.add_option("--num_workers,--num-workers", a.num_workers,
+                 "Data loader worker threads that read batches ahead (0: the training thread reads them)")
+      ->check(whole_number(0));
   app.add_option("--threads", a.threads, "Intra-op threads per process (LibTorch's pool, which sizes MKL's; an OpenBLAS's own pool)")->check(whole_number(1));
   app.add_option("--log_every,--log-every", a.log_every, "Log loss, gradient norm and lr every N steps (0: off)")
       ->check(whole_number(0));

@@ -96,6 +96,15 @@ with tempfile.TemporaryDirectory() as d:
         h.fail(f"--init_from under zero3 on 2 processes: checksum {sharded['param_checksum']}, saved {saved}")
     print("ok: the same load under zero3 on 2 processes")
 
+    # (e) --num_workers 2: two worker threads read the batches ahead, in the epoch's order, so
+    # the run is bitwise the one above (weights and validation loss).
+    workers = summary(h.run([EXE, *SMALL, "--max_steps", str(STEPS), "--num_workers", "2", "--project_dir",
+                             os.path.join(d, "w")], timeout=600), "--num_workers 2")
+    if workers["param_checksum"] != run["param_checksum"] or workers["val_loss"] != run["val_loss"]:
+        h.fail(f"--num_workers 2: checksum {workers['param_checksum']} val_loss {workers['val_loss']}, without "
+               f"workers {run['param_checksum']} {run['val_loss']}")
+    print(f"ok: --num_workers 2 trains bitwise like 0 (validation loss {workers['val_loss']:.6f})")
+
     # (d) --resume continues mid-epoch exactly: a run interrupted after its first checkpoint
     # (here: its last checkpoint removed) ends with the uninterrupted run's weights.
     project = os.path.join(d, "r")

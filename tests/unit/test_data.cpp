@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <set>
+#include <stdexcept>
+#include <thread>
 
 using hasten::detail::EpochPlan;
 using hasten::detail::ShardSpec;
@@ -119,4 +122,103 @@ TEST(Batch, RealMaskDropsPadding) {
   b.indices = torch::tensor({5, 6, 0}, torch::kLong);
   b.num_padding = 1;
   EXPECT_TRUE(torch::equal(b.real_mask(), torch::tensor({true, true, false})));
+}
+
+// num_workers: worker threads fetch ahead, and the batches come out in the epoch's order, so
+// they are bitwise those one thread reads, for any number of workers and prefetch depth.
+namespace workers_tests {
+
+// A dataset whose get() costs a little and depends only on the index (a worker may run it on
+// any thread); `fail_at` makes one sample throw.
+struct Squares {
+  int64_t n = 100;
+  int64_t fail_at = -1;
+  size_t size() const { return static_cast<size_t>(n); }
+  torch::data::Example<> get(size_t i) const {
+    if (static_cast<int64_t>(i) == fail_at) throw std::runtime_error("sample " + std::to_string(i) + " is unreadable");
+    std::this_thread::sleep_for(std::chrono::microseconds(200 * static_cast<int64_t>(i % 3)));  // uneven costs
+    const auto x = static_cast<float>(i);
+    return {torch::full({3}, x * x), torch::tensor(static_cast<int64_t>(i) % 7)};
+  }
+};
+
+std::vector<hasten::Batch> epochs(hasten::DataLoaderOptions o, int count) {
+  hasten::DataLoader loader(Squares{}, o);
+  std::vector<hasten::Batch> out;
+  for (int e = 0; e < count; ++e)
+    for (auto& b : loader) out.push_back(b);
+  return out;
+}
+
+}  // namespace workers_tests
+
+TEST(DataLoaderWorkers, BatchesAreTheSameForAnyNumberOfWorkers) {
+  hasten::DataLoaderOptions o;
+  o.batch_size = 7;
+  o.shuffle = true;
+  o.seed = 3;
+  const auto one_thread = workers_tests::epochs(o, 2);
+  ASSERT_EQ(one_thread.size(), 2u * 15u);
+  for (int workers : {1, 2, 4}) {
+    for (int prefetch : {1, 3}) {
+      auto w = o;
+      w.num_workers = workers;
+      w.prefetch_factor = prefetch;
+      const auto got = workers_tests::epochs(w, 2);
+      ASSERT_EQ(got.size(), one_thread.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_TRUE(torch::equal(got[i].input, one_thread[i].input)) << workers << " workers, batch " << i;
+        EXPECT_TRUE(torch::equal(got[i].target, one_thread[i].target)) << workers << " workers, batch " << i;
+        EXPECT_TRUE(torch::equal(got[i].indices, one_thread[i].indices)) << workers << " workers, batch " << i;
+        EXPECT_EQ(got[i].num_padding, one_thread[i].num_padding);
+      }
+    }
+  }
+}
+
+TEST(DataLoaderWorkers, AWorkersErrorNamesTheBatchAndItsSamplesAndEndsTheLoopCleanly) {
+  hasten::DataLoaderOptions o;
+  o.batch_size = 10;
+  o.num_workers = 3;
+  hasten::DataLoader loader(workers_tests::Squares{100, 42}, o);
+  int seen = 0;
+  try {
+    for (auto& b : loader) {
+      (void)b;
+      ++seen;
+    }
+    FAIL() << "sample 42 throws: the loop must end with an error";
+  } catch (const hasten::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("a worker failed to read batch 4 (samples 40, 41, 42"), std::string::npos) << what;
+    EXPECT_NE(what.find("sample 42 is unreadable"), std::string::npos) << what;
+  }
+  EXPECT_EQ(seen, 4);  // batches 0-3 came through, in order
+  // Breaking out of a loop early stops the workers (the test would hang in the join if not).
+  hasten::DataLoader again(workers_tests::Squares{}, o);
+  for (auto& b : again) {
+    (void)b;
+    break;
+  }
+}
+
+TEST(DataLoaderWorkers, OptionsAreChecked) {
+  auto refused = [](hasten::DataLoaderOptions o, const std::string& expect) {
+    try {
+      hasten::DataLoader loader(workers_tests::Squares{}, o);
+      for (auto& b : loader) (void)b;
+      ADD_FAILURE() << "accepted: " << expect;
+    } catch (const hasten::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+    }
+  };
+  hasten::DataLoaderOptions o;
+  o.num_workers = -1;
+  refused(o, "num_workers must be from 0 to 256, got -1");
+  o.num_workers = 0;
+  o.prefetch_factor = 2;
+  refused(o, "prefetch_factor is the batches each worker fetches ahead; it needs num_workers > 0");
+  o.num_workers = 2;
+  o.prefetch_factor = 0;
+  refused(o, "prefetch_factor must be from 1 to 1024, got 0");
 }

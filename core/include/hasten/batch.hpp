@@ -27,6 +27,7 @@ struct Batch {
   // The non-padding samples, as a boolean mask over dim 0.
   torch::Tensor real_mask() const;
   Batch to(const torch::Device& device, bool non_blocking = false) const;
+  Batch pin_memory() const;  // input and target in page-locked memory
 };
 
 // One batch of a LibTorch dataset: a torch::data::Example<> (so `data` and `target`, as with
@@ -39,6 +40,7 @@ struct ExampleBatch : torch::data::Example<> {
   int64_t size() const { return indices.defined() ? indices.size(0) : data.size(0); }
   torch::Tensor real_mask() const;
   ExampleBatch to(const torch::Device& device, bool non_blocking = false) const;
+  ExampleBatch pin_memory() const;  // data and target in page-locked memory
 };
 
 struct DataLoaderOptions {
@@ -59,6 +61,20 @@ struct DataLoaderOptions {
   // A user batch sampler: the batches of each epoch, dealt to the ranks like Accelerate's
   // BatchSamplerShard. Not with batch_size, shuffle, sampler or drop_last (it decides them).
   std::shared_ptr<const BatchSampler> batch_sampler = nullptr;
+  // Worker threads that fetch and collate the epoch's next batches while the training thread
+  // computes (PyTorch's num_workers, as threads: a dataset read by workers must allow
+  // concurrent const reads). Batches come out in the epoch's order, so every batch, and every
+  // loss, is the same for any num_workers. 0: the training thread reads each batch when it
+  // needs it. Map-style datasets without dispatch_batches.
+  int num_workers = 0;
+  // Batches each worker fetches ahead (PyTorch's default 2 when unset); needs num_workers > 0.
+  std::optional<int> prefetch_factor = std::nullopt;
+  // Workers put each batch in page-locked host memory, so that the copy to a CUDA device can
+  // run asynchronously; a run on the CPU has no such copy (a warning says so).
+  bool pin_memory = false;
+  // Copy batches to a CUDA device with non_blocking (Accelerate's non_blocking; with
+  // pin_memory the copy overlaps the computation).
+  bool non_blocking = false;
 };
 
 // A prepared loader's position (PreparedDataLoader::state_dict): the epoch its next iteration

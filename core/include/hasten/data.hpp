@@ -107,7 +107,7 @@ class DataLoader {
       plan.epoch = epoch_++;
       end_pos_ = plan.num_batches;
       const int64_t first = std::min(skip_, plan.num_batches);
-      return iterator(dataset_, std::move(plan), first);
+      return iterator(dataset_, std::move(plan), first, torch::kCPU, {}, {}, detail::BatchReading::of(options_));
     }
   }
   iterator end() {

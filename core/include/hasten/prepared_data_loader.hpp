@@ -32,8 +32,8 @@ class PreparedDataLoader {
 
  public:
   PreparedDataLoader(std::shared_ptr<Dataset> dataset, std::shared_ptr<detail::Engine> engine,
-                     size_t loader, torch::Device device)
-      : dataset_(std::move(dataset)), engine_(std::move(engine)), loader_(loader), device_(device) {}
+                     size_t loader, torch::Device device, detail::BatchReading reading = {})
+      : dataset_(std::move(dataset)), engine_(std::move(engine)), loader_(loader), device_(device), reading_(reading) {}
   // A stream dataset's loader: drop_last decides whether the last short round is dropped.
   PreparedDataLoader(std::shared_ptr<Dataset> dataset, std::shared_ptr<detail::Engine> engine,
                      size_t loader, torch::Device device, bool drop_last)
@@ -62,7 +62,7 @@ class PreparedDataLoader {
       return Plain(dataset_, plan, drop_last_, device_, std::move(observer), std::move(session));
     } else {
       const int64_t first = plan.first_batch;
-      return Plain(dataset_, std::move(plan), first, device_, std::move(observer), std::move(session));
+      return Plain(dataset_, std::move(plan), first, device_, std::move(observer), std::move(session), reading_);
     }
   }
   iterator end() {
@@ -112,6 +112,7 @@ class PreparedDataLoader {
   std::shared_ptr<detail::Engine> engine_;
   size_t loader_;
   torch::Device device_;
+  detail::BatchReading reading_;  // num_workers, pin_memory, non_blocking (map-style loaders)
   int64_t end_pos_ = 0;
   int64_t skip_ = 0;
   bool drop_last_ = false;  // stream datasets

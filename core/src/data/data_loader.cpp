@@ -1,11 +1,13 @@
 // Data loading: epoch plans (one global order, sharded by rank), batch fetching, collation.
 #include <hasten/data.hpp>
 #include <hasten/error.hpp>
+#include <hasten/logging.hpp>
 
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <limits>
+#include <mutex>
 #include <string>
 
 namespace hasten {
@@ -35,6 +37,47 @@ Batch Batch::to(const torch::Device& device, bool non_blocking) const {
   Batch b = *this;
   b.input = moved(b.input, device, non_blocking);
   b.target = moved(b.target, device, non_blocking);
+  return b;
+}
+
+namespace {
+torch::Tensor pinned(const torch::Tensor& t) { return t.defined() && !t.is_pinned() ? t.pin_memory() : t; }
+}  // namespace
+
+namespace detail {
+
+void warn_pin_memory_unused() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    get_logger("hasten", false)
+        ->warn("DataLoader: pin_memory is set and batches stay on the CPU: page-locked memory only speeds up copies to "
+               "a CUDA device, so it is not used");
+  });
+}
+
+std::string describe_exception(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+}  // namespace detail
+
+Batch Batch::pin_memory() const {
+  Batch b = *this;
+  b.input = pinned(b.input);
+  b.target = pinned(b.target);
+  return b;
+}
+
+ExampleBatch ExampleBatch::pin_memory() const {
+  ExampleBatch b = *this;
+  b.data = pinned(b.data);
+  b.target = pinned(b.target);
   return b;
 }
 
@@ -151,9 +194,21 @@ int64_t epoch_length(const ShardSpec& spec) {
   return spec.options.sampler ? spec.options.sampler->size() : spec.dataset_size;
 }
 
+// The worker options: checked wherever a plan is made.
+void check_workers(const DataLoaderOptions& o) {
+  if (o.num_workers < 0 || o.num_workers > 256)
+    throw UsageError("DataLoader: num_workers must be from 0 to 256, got " + std::to_string(o.num_workers));
+  if (o.prefetch_factor && o.num_workers == 0)
+    throw UsageError("DataLoader: prefetch_factor is the batches each worker fetches ahead; it needs num_workers > 0 "
+                     "(PyTorch's rule too)");
+  if (o.prefetch_factor && (*o.prefetch_factor < 1 || *o.prefetch_factor > 1024))
+    throw UsageError("DataLoader: prefetch_factor must be from 1 to 1024, got " + std::to_string(*o.prefetch_factor));
+}
+
 Shape shape_of(const ShardSpec& spec) {
   const auto& o = spec.options;
   check_samplers(o);
+  check_workers(o);
   if (o.batch_size < 1)
     throw Error("DataLoader: batch_size must be >= 1, got " + std::to_string(o.batch_size));
   if (spec.world_size < 1 || spec.rank < 0 || spec.rank >= spec.world_size)
@@ -324,6 +379,10 @@ int64_t count_batches(const ShardSpec& spec) {
 
 EpochPlan make_stream_plan(const ShardSpec& spec, int64_t epoch) {
   const auto& o = spec.options;
+  check_workers(o);
+  if (o.num_workers > 0)
+    throw UsageError("DataLoader: num_workers reads batches of a map-style dataset ahead, by their indices; a stream "
+                     "dataset is read in order by one thread (set num_workers 0)");
   if (o.shuffle || o.sampler || o.batch_sampler)
     throw UsageError("DataLoader: a stream dataset is read in its own order; shuffle, sampler and batch_sampler "
                      "need a map-style dataset (size() and get_batch or get)");
@@ -352,6 +411,10 @@ EpochPlan make_stream_plan(const ShardSpec& spec, int64_t epoch) {
 }
 
 EpochPlan make_epoch_plan(const ShardSpec& spec, int64_t epoch) {
+  check_workers(spec.options);
+  if (spec.dispatch_batches && spec.options.num_workers > 0)
+    throw UsageError("DataLoader: num_workers with dispatch_batches is not supported (rank 0 reads every rank's "
+                     "batches on the training thread); set dispatch_batches false or num_workers 0");
   if (spec.dispatch_batches) return dispatch_plan(spec, epoch);
   if (spec.options.batch_sampler) {
     EpochPlan plan = batch_sampler_plan(spec, epoch);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <hasten/batch.hpp>
+#include <hasten/detail/batch_prefetcher.hpp>
 #include <hasten/detail/data_plan.hpp>
 #include <hasten/detail/dataset_traits.hpp>
 #include <hasten/error.hpp>
@@ -37,6 +38,9 @@ size_t dataset_size(const T& dataset) {
     return *n;
   }
 }
+
+// Says once per process that pin_memory has no use on this run's device (the CPU).
+void warn_pin_memory_unused();
 
 // Stacks examples into a batch.
 Batch collate(std::vector<torch::data::Example<>> examples, const std::vector<int64_t>& indices);
@@ -86,21 +90,37 @@ class BatchIterator {
 
   BatchIterator() = default;
   BatchIterator(std::shared_ptr<Dataset> dataset, EpochPlan plan, int64_t pos, torch::Device device = torch::kCPU,
-                Observer observer = {}, std::shared_ptr<void> session = {})
+                Observer observer = {}, std::shared_ptr<void> session = {}, BatchReading reading = {})
       : dataset_(std::move(dataset)),
         plan_(std::move(plan)),
         pos_(pos),
         device_(device),
         observer_(std::move(observer)),
-        session_(std::move(session)) {}
+        session_(std::move(session)),
+        reading_(reading) {
+    // Page-locked memory only speeds up a copy to a CUDA device: on the CPU it is not used.
+    if (reading_.pin_memory && !device_.is_cuda() && dataset_) {
+      warn_pin_memory_unused();
+      reading_.pin_memory = false;
+    }
+  }
 
   reference operator*() {
     if (!loaded_) {
       int64_t pad = 0;
-      auto idx = plan_.batch(pos_, &pad);
-      batch_ = fetch(*dataset_, idx);
-      batch_.num_padding = pad;
-      if (device_.type() != torch::kCPU) batch_ = batch_.to(device_, /*non_blocking=*/true);
+      if (reading_.num_workers > 0) {
+        if (!prefetcher_)
+          prefetcher_ = std::make_shared<Prefetcher>(
+              plan_, pos_, reading_, [ds = dataset_](const std::vector<int64_t>& idx) { return fetch(*ds, idx); });
+        batch_ = prefetcher_->take(pos_);
+        pad = batch_.num_padding;
+      } else {
+        auto idx = plan_.batch(pos_, &pad);
+        batch_ = fetch(*dataset_, idx);
+        batch_.num_padding = pad;
+        if (reading_.pin_memory) batch_ = batch_.pin_memory();
+      }
+      if (device_.type() != torch::kCPU) batch_ = batch_.to(device_, reading_.non_blocking);
       if (observer_) observer_(pos_, plan_.num_batches, pad);
       loaded_ = true;
     }
@@ -110,19 +130,26 @@ class BatchIterator {
   BatchIterator& operator++() {
     ++pos_;
     loaded_ = false;
-    if (pos_ >= plan_.num_batches) session_.reset();  // the epoch is over
+    if (pos_ >= plan_.num_batches) {
+      session_.reset();  // the epoch is over
+      prefetcher_.reset();
+    }
     return *this;
   }
   bool operator!=(const BatchIterator& other) const { return pos_ != other.pos_; }
   bool operator==(const BatchIterator& other) const { return pos_ == other.pos_; }
 
  private:
+  using FetchFn = std::function<value_type(const std::vector<int64_t>&)>;
+  using Prefetcher = BatchPrefetcher<Dataset, FetchFn>;
   std::shared_ptr<Dataset> dataset_;
   EpochPlan plan_;
   int64_t pos_ = 0;
   torch::Device device_{torch::kCPU};
   Observer observer_;
   std::shared_ptr<void> session_;
+  BatchReading reading_;
+  std::shared_ptr<Prefetcher> prefetcher_;
   value_type batch_;
   bool loaded_ = false;
 };

@@ -82,7 +82,8 @@ typename prepared<T>::type prepare_one(const std::shared_ptr<Engine>& engine_, T
     } else {
       const size_t id = engine_->add_loader(static_cast<int64_t>(object.dataset_size()),
                                             object.options());
-      return PreparedDataLoader<Dataset>(object.dataset_ptr(), engine_, id, engine_->device());
+      return PreparedDataLoader<Dataset>(object.dataset_ptr(), engine_, id, engine_->device(),
+                                         BatchReading::of(object.options()));
     }
   }
 }
