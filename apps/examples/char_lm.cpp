@@ -121,8 +121,9 @@ int run_training(const Args& a, hasten::Options options) {
   torch::set_num_threads(a.threads);
   hasten::set_blas_threads(a.threads);  // the BLAS's pool: MKL follows LibTorch's, an OpenBLAS has its own
   torch::manual_seed(a.seed);
-  // Sharding strategies gather and free one encoder layer at a time.
-  const bool units = acc.strategy() == "zero" || acc.strategy() == "fsdp";
+  // Sharding strategies gather and free one encoder layer at a time; checkpointing recomputes
+  // one at a time: the layers are units for both.
+  const bool units = acc.strategy() == "zero" || acc.strategy() == "fsdp" || a.gradient_checkpointing;
   auto net = std::make_shared<TinyGptImpl>(kVocab, a.context, a.d_model, a.n_head, 4 * a.d_model, a.n_layer, units);
   if (!a.init_from.empty()) hasten::load_weights(*net, a.init_from);  // hasten: from_pretrained
   int64_t n_params = 0;  // counted now: under stage 3 the module's parameters are empty after prepare
@@ -147,6 +148,8 @@ int run_training(const Args& a, hasten::Options options) {
   hasten::DataLoader val_data(
       hasten::TensorDataset(val_windows.index({Slice(), Slice(0, -1)}), val_windows.index({Slice(), Slice(1)})),
       {.batch_size = a.eval_batch_size, .num_workers = a.num_workers});
+  // Recompute each transformer block's activations in backward instead of keeping them.
+  if (a.gradient_checkpointing) acc.checkpoint_activations(net);  // hasten
   auto [model, opt, train_loader, val_loader] = acc.prepare(net, adamw, train_data, val_data);  // hasten
 
   // Optimizer steps this process takes: per epoch its batches over the accumulation, rounded
@@ -280,6 +283,8 @@ int run_training(const Args& a, hasten::Options options) {
                              {"strategy", acc.strategy()},
                              {"mixed_precision", acc.mixed_precision()},
                              {"param_checksum", checksum},
+                             {"gradient_checkpointing", a.gradient_checkpointing},
+                             {"peak_rss_mb", hasten::workloads::peak_rss_mb()},
                              {"checkpoint", checkpoint},
                              {"resumed_from", resumed_from},
                              {"init_from", a.init_from},

@@ -31,7 +31,8 @@ struct Args {
   int64_t val_windows = 256;
   uint64_t seed = 0;
   int threads = 1;
-  int num_workers = 0;  // DataLoader worker threads (0: the training thread reads the batches)
+  int num_workers = 0;
+  bool gradient_checkpointing = false;  // recompute each block's activations in backward  // DataLoader worker threads (0: the training thread reads the batches)
   int64_t log_every = 10;
   int64_t checkpoint_every = 0;
   int64_t sample_chars = 300;

@@ -111,6 +111,8 @@ int main(int argc, char** argv) {
   app.add_option("--project_dir,--project-dir", project_dir,
                  "Checkpoints (<dir>/checkpoints) and tracker logs (<dir>/hasten_logs); default: the config's");
   app.add_flag("--resume", a.resume, "Continue from the newest complete checkpoint under <project_dir>, if any");
+  app.add_flag("--gradient_checkpointing,--gradient-checkpointing", a.gradient_checkpointing,
+               "Keep no activations of the transformer blocks: recompute them in backward (less memory, more time)");
   app.add_flag("--json", a.json, "Print only a JSON summary line (main process)");
   app.add_flag("--quiet", a.quiet, "No progress bar");
   app.add_option("--config_file,--config-file", config_file, "hasten config file");

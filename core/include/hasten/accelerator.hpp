@@ -140,6 +140,12 @@ class Accelerator {
     return JoinScope(engine_, indices, options);
   }
 
+  // Activation checkpointing (torch.utils.checkpoint; config key activation_checkpointing): the
+  // outermost hasten::Unit blocks in `module` (or itself) run again in backward instead of
+  // keeping activations; returns how many (UsageError: none). Before or after prepare.
+  template <class M>
+  size_t checkpoint_activations(const M& module) { return engine_->checkpoint_activations(detail::module_of(module)); }
+
   // loss.backward() with the precision plugin's scaling, the strategy's hooks and, inside
   // accumulate(), division by the number of micro-batches of this accumulation window.
   void backward(const torch::Tensor& loss, bool retain_graph = false) {
@@ -416,9 +422,8 @@ class Accelerator {
   // included. Call it after prepare and before training.
   std::string save_state(const std::string& output_dir = "") { return engine_->save_state(output_dir); }
   std::string load_state(const std::string& input_dir = "") { return engine_->load_state(input_dir); }
-  // Hooks run on every rank at the start of save_state / load_state, in registration order,
-  // with the directory and the prepared models whose weights the call writes or reads; a hook
-  // may take models out of the list and save or load them itself (StateHookArgs).
+  // Run on every rank at the start of save_state / load_state, in registration order; a hook
+  // may take models out of StateHookArgs::models and save or load them itself.
   HookHandle register_save_state_pre_hook(StateHook hook) { return state_pre_hook(true, std::move(hook)); }
   HookHandle register_load_state_pre_hook(StateHook hook) { return state_pre_hook(false, std::move(hook)); }
   // The model's full weights for other tools (docs/checkpoints.md): dir/model.safetensors,
@@ -472,8 +477,7 @@ class Accelerator {
   HookHandle state_pre_hook(bool save, StateHook hook) {
     if (!hook) throw UsageError(std::string("register_") + (save ? "save" : "load") + "_state_pre_hook: the hook is empty");
     const size_t id = engine_->add_state_pre_hook(save, std::move(hook));
-    std::weak_ptr<detail::Engine> engine = engine_;
-    return HookHandle([engine, id] {
+    return HookHandle([engine = std::weak_ptr<detail::Engine>(engine_), id] {
       if (auto e = engine.lock()) e->remove_state_pre_hook(id);
     });
   }

@@ -107,6 +107,8 @@ struct Config {
   // Gradient accumulation: reduce gradients on every micro-batch (the optimizer still steps
   // every N-th), and close the window at the loader's last batch.
   bool sync_each_batch = false;
+  // Activation checkpointing of every prepared model's outermost units (unit.hpp).
+  bool activation_checkpointing = false;
   bool sync_with_dataloader = true;
   // Departures from Accelerate, each with Accelerate's arithmetic as an option.
   std::string short_window_loss_division = "window";  // "steps": divide by N, as Accelerate

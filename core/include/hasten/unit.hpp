@@ -27,6 +27,10 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include <functional>
+#include <memory>
+#include <typeinfo>
+
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -43,6 +47,14 @@ class UnitBase {
  public:
   virtual ~UnitBase();
   bool hasten_attached() const noexcept { return engine_ != nullptr; }
+  // Activation checkpointing (Accelerator::checkpoint_activations, config key
+  // activation_checkpointing): the unit's forward keeps no activations and runs again in
+  // backward. Its forward must return one tensor.
+  bool hasten_checkpointed() const noexcept { return checkpointed_; }
+  void hasten_set_checkpointed(bool on) noexcept { checkpointed_ = on; }
+  // Whether its forward can be checkpointed: a forward of one signature returning a tensor
+  // (a template forward, Sequential's, cannot: checkpoint the units inside it).
+  virtual bool hasten_checkpointable() const noexcept { return false; }
 
  protected:
   UnitBase() = default;
@@ -57,6 +69,7 @@ class UnitBase {
   detail::Engine* engine_ = nullptr;
   size_t model_ = 0;
   uint32_t unit_ = 0;
+  bool checkpointed_ = false;
 };
 
 namespace detail {
@@ -104,6 +117,46 @@ decltype(auto) unit_forward(Unit& unit, Call&& call) {
   unit.hasten_exit(outputs);
   return out;
 }
+
+// Runs `run(inputs)` keeping none of its activations, and again in backward (reentrant, with
+// the forward's RNG and autocast state) to produce the gradients of `inputs` and of whatever
+// its graph reaches (the unit's parameters). Returns run's outputs (activation_checkpoint.cpp).
+std::vector<torch::Tensor> run_checkpointed(
+    std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)> run,
+    const std::vector<torch::Tensor>& inputs);
+[[noreturn]] void refuse_checkpointed_output(const char* type);
+
+template <class T>
+void collect_tensor(const T& arg, std::vector<torch::Tensor>& out) {
+  if constexpr (std::is_same_v<std::decay_t<T>, torch::Tensor>) out.push_back(arg);
+}
+template <class T>
+void substitute_tensor(T& arg, const std::vector<torch::Tensor>& in, size_t& k) {
+  if constexpr (std::is_same_v<std::decay_t<T>, torch::Tensor>) arg = in.at(k++);
+}
+
+// A checkpointed unit's forward: the arguments are kept (tensors as the inputs the recompute
+// gets detached copies of), and both runs go through unit_forward, so a sharding strategy
+// gathers the unit's parameters for the recompute as for the forward.
+template <class R, class Unit, class Fn, class... A>
+R checkpointed_forward(Unit& unit, Fn fn, A&&... args) {
+  if constexpr (!std::is_same_v<std::decay_t<R>, torch::Tensor>) {
+    refuse_checkpointed_output(typeid(R).name());
+  } else {
+    auto stored = std::make_shared<std::tuple<std::decay_t<A>...>>(std::forward<A>(args)...);
+    std::vector<torch::Tensor> inputs;
+    std::apply([&](const auto&... a) { (collect_tensor(a, inputs), ...); }, *stored);
+    auto run = [&unit, fn, stored](const std::vector<torch::Tensor>& in) {
+      auto call_args = *stored;
+      size_t k = 0;
+      std::apply([&](auto&... a) { (substitute_tensor(a, in, k), ...); }, call_args);
+      torch::Tensor out = unit_forward(unit, [&]() -> R { return std::apply(fn, call_args); });
+      return std::vector<torch::Tensor>{out};
+    };
+    return run_checkpointed(std::move(run), inputs).at(0);
+  }
+}
+
 }  // namespace detail
 
 template <class Impl, class Signature = typename detail::forward_signature<Impl>::type>
@@ -115,7 +168,12 @@ class UnitImpl<Impl, R (C::*)(A...)> : public Impl, public UnitBase {
  public:
   using Impl::Impl;
   UnitImpl() = default;
+  bool hasten_checkpointable() const noexcept override { return std::is_same_v<std::decay_t<R>, torch::Tensor>; }
   R forward(A... args) {
+    if (this->hasten_checkpointed() && torch::GradMode::is_enabled())
+      return detail::checkpointed_forward<R>(
+          *this, [this](auto&&... a) -> R { return Impl::forward(std::forward<decltype(a)>(a)...); },
+          std::forward<A>(args)...);
     return detail::unit_forward(*this, [&]() -> R { return Impl::forward(std::forward<A>(args)...); });
   }
 };
@@ -126,7 +184,12 @@ class UnitImpl<Impl, R (C::*)(A...) const> : public Impl, public UnitBase {
  public:
   using Impl::Impl;
   UnitImpl() = default;
+  bool hasten_checkpointable() const noexcept override { return std::is_same_v<std::decay_t<R>, torch::Tensor>; }
   R forward(A... args) {
+    if (this->hasten_checkpointed() && torch::GradMode::is_enabled())
+      return detail::checkpointed_forward<R>(
+          *this, [this](auto&&... a) -> R { return Impl::forward(std::forward<decltype(a)>(a)...); },
+          std::forward<A>(args)...);
     return detail::unit_forward(*this, [&]() -> R { return Impl::forward(std::forward<A>(args)...); });
   }
 };

@@ -222,6 +222,7 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
   if (merged.contains("dispatch_batches") && !merged["dispatch_batches"].is_null())
     c.dispatch_batches = merged["dispatch_batches"].get<bool>();
   c.sync_each_batch = merged["sync_each_batch"].get<bool>();
+  c.activation_checkpointing = merged["activation_checkpointing"].get<bool>();
   c.sync_with_dataloader = merged["sync_with_dataloader"].get<bool>();
   c.short_window_loss_division = get_str(merged, "short_window_loss_division");
   c.scheduler_steps_per_process = merged["scheduler_steps_per_process"].get<bool>();
@@ -306,6 +307,18 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
                       "multi-process type) or num_processes to 1");
   // A section key that also sets a run setting (DeepSpeed's gradient_accumulation_steps)
   // must agree with the top-level key when both are set.
+  // A section key that sets activation_checkpointing (FSDP's fsdp_activation_checkpointing)
+  // turns it on; a top-level value set apart from it must agree.
+  for (auto& row : full.vocabulary.rows) {
+    if (row.run_setting != "activation_checkpointing" || !has(row.path)) continue;
+    const bool value = merged[row.path].get<bool>();
+    if (was_set("activation_checkpointing") && value != c.activation_checkpointing)
+      throw ConfigError(std::string("config error: activation_checkpointing is ") +
+                        (c.activation_checkpointing ? "true" : "false") + " (" + where("activation_checkpointing") +
+                        ") but " + row.path + " is " + (value ? "true" : "false") + " (" + where(row.path) +
+                        "); set one of them");
+    c.activation_checkpointing = value;
+  }
   for (auto& row : full.vocabulary.rows) {
     if (row.run_setting != "gradient_accumulation_steps" || !has(row.path)) continue;
     const int value = merged[row.path].get<int>();

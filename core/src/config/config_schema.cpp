@@ -104,6 +104,9 @@ const Schema& core_schema() {
       {"dispatch_batches", T::Bool, json(), {}, {}, {},
        "Rank 0 alone reads each prepared loader and broadcasts every round, each process keeping its slice "
        "(Accelerate's DataLoaderDispatcher); unset: on for stream datasets, off for map-style ones"},
+      {"activation_checkpointing", T::Bool, false, {}, {}, {},
+       "Every prepared model's outermost hasten::Unit blocks keep no activations and run again in backward (under "
+       "every strategy; fsdp_config.fsdp_activation_checkpointing sets it too)"},
       {"sync_each_batch", T::Bool, false, {}, {}, {},
        "Under accumulate(), reduce gradients on every micro-batch (more communication, less memory); the optimizer "
        "still steps every gradient_accumulation_steps-th (Accelerate's GradientAccumulationPlugin sync_each_batch)"},

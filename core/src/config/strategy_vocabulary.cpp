@@ -36,7 +36,7 @@ StrategyVocabulary strategy_vocabulary(const std::vector<PluginInfo>& plugins) {
     for (const auto& o : p.options) {
       if (o.section_key.empty()) continue;
       KeySpec row{p.config_section + "." + o.section_key, key_type(o.type), nullptr, o.allowed, o.min, o.max, o.help};
-      row.ignored = o.name.empty();
+      row.ignored = o.name.empty() && o.run_setting.empty();  // a key that sets nothing
       row.strategy = p.name;
       row.option = o.name;
       row.run_setting = o.run_setting;

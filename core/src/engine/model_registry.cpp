@@ -8,6 +8,21 @@
 
 namespace hasten::detail {
 
+namespace {
+// Marks the outermost units below `m` (and `m` itself when it is one) whose forward can be
+// checkpointed; returns how many. A unit inside a marked one runs inside its recompute.
+size_t mark_checkpointed(torch::nn::Module& m, bool include_self) {
+  if (include_self)
+    if (auto* u = dynamic_cast<UnitBase*>(&m); u != nullptr && u->hasten_checkpointable()) {
+      u->hasten_set_checkpointed(true);
+      return 1;
+    }
+  size_t marked = 0;
+  for (auto& child : m.children()) marked += mark_checkpointed(*child, true);
+  return marked;
+}
+}  // namespace
+
 size_t Engine::add_model(std::shared_ptr<torch::nn::Module> module) {
   Impl& s = *impl_;
   if (!module) throw UsageError("prepare: the model is null");
@@ -49,8 +64,23 @@ size_t Engine::add_model(std::shared_ptr<torch::nn::Module> module) {
       root->unit_ = 0;
     }
   }
+  // Config key activation_checkpointing: every outermost unit below the model's root.
+  if (s.config.activation_checkpointing && mark_checkpointed(*module, false) == 0)
+    throw UsageError("prepare: activation_checkpointing is on, and model " + std::to_string(index) + " ('" +
+                     module->name() + "') holds no hasten::Unit whose forward returns one tensor to recompute; declare "
+                     "its blocks as units (hasten::Unit<Block>) or set activation_checkpointing false");
   s.models.push_back(std::move(entry));
   return index;
+}
+
+
+size_t Engine::checkpoint_activations(torch::nn::Module& module) {
+  const size_t marked = mark_checkpointed(module, true);
+  if (marked == 0)
+    throw UsageError("checkpoint_activations: '" + module.name() +
+                     "' holds no hasten::Unit whose forward returns one tensor; declare the blocks to recompute "
+                     "as units (hasten::Unit<Block>)");
+  return marked;
 }
 
 std::optional<size_t> Engine::find_model(const torch::nn::Module* module) const {

@@ -106,9 +106,11 @@ std::string read_description(const hasten_plugin_descriptor& d, PluginKind kind,
         return what + " has an invalid section_key '" + opt.section_key + "' (allowed: 1-64 characters of a-z, 0-9 and '_')";
       if (!section_keys.insert(opt.section_key).second) return "section key '" + opt.section_key + "' is declared twice";
     }
-    if (o.run_setting != nullptr && (o.section_key == nullptr || opt.run_setting != "gradient_accumulation_steps"))
+    if (o.run_setting != nullptr &&
+        (o.section_key == nullptr || (opt.run_setting != "gradient_accumulation_steps" &&
+                                      !(opt.run_setting == "activation_checkpointing" && opt.type == "bool"))))
       return what + " declares run_setting '" + opt.run_setting +
-             "' (allowed: gradient_accumulation_steps, on a section key)";
+             "' (allowed, on a section key: gradient_accumulation_steps; activation_checkpointing, a bool)";
     info.options.push_back(std::move(opt));
   }
   return "";

@@ -99,8 +99,11 @@ constexpr hasten_option_spec kFsdpOptions[] = {
         .section_key("fsdp_cpu_ram_efficient_loading"),
     OptionSpec("sync_module_states", HASTEN_OPTION_BOOL, "Accepted; prepare always broadcasts rank 0's weights")
         .section_key("fsdp_sync_module_states"),
-    OptionSpec("activation_checkpointing", HASTEN_OPTION_BOOL, "Refused when true (not supported)")
-        .section_key("fsdp_activation_checkpointing"),
+    // The host runs the checkpointing (every outermost hasten::Unit): a section key of the run
+    // setting, never an option of the strategy.
+    section_only_key("fsdp_activation_checkpointing", HASTEN_OPTION_BOOL,
+                     "Recompute every outermost hasten::Unit's forward in backward")
+        .run_setting("activation_checkpointing"),
     OptionSpec("ignored_modules", HASTEN_OPTION_STRING, "Refused (not supported: units are declared by type)")
         .section_key("fsdp_ignored_modules"),
     OptionSpec("version", HASTEN_OPTION_INT, "1 or 2 (both map to hasten's fsdp)").range(1, 2).section_key("fsdp_version"),

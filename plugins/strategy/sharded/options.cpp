@@ -98,8 +98,6 @@ Options parse_fsdp_options(const hasten_host_api* host, std::string_view json, i
     if (auto offload = in.boolean(key)) o.offload_params = o.offload_optimizer = *offload;
   o.backward_prefetch = in.text("backward_prefetch").value() != "NO_PREFETCH";
   o.forward_prefetch = in.boolean("forward_prefetch").value();
-  if (in.boolean("activation_checkpointing").value_or(false))
-    throw Error(HASTEN_ERR_UNSUPPORTED, "fsdp: activation_checkpointing is not supported");
   if (in.text("ignored_modules"))
     throw Error(HASTEN_ERR_UNSUPPORTED, "fsdp: ignored_modules is not supported (units are declared by type)");
   // auto_wrap_policy, transformer_layer_cls_to_wrap, min_num_params, state_dict_type,

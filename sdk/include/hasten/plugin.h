@@ -47,7 +47,8 @@
  *            blocking the host, used by host waits on CUDA buffers; see "Stream-ordered
  *            waits" at the comm kind).
  *     1.7    precision slots state_dict and load_state_dict (a checkpoint keeps a loss
- *            scaler's scale and growth tracker, so a resumed fp16 run is the straight one).
+ *            scaler's scale and growth tracker, so a resumed fp16 run is the straight one);
+ *            hasten_option_spec.run_setting "activation_checkpointing" on a BOOL spec.
  *
  * - Tensors in asynchronous calls: a DLTensor struct passed to any call (and its shape and
  *   strides arrays) is borrowed for the duration of the call only; a callee that needs them
@@ -345,8 +346,9 @@ typedef struct hasten_option_spec {
   double max;
   const char* section_key;  /* strategies: the key in config_section, NULL: none           */
   /* Strategies: a run setting (a top-level config key) the section key also sets; the host
-   * accepts only "gradient_accumulation_steps" (DeepSpeed's copy of it) and refuses a value
-   * that disagrees with the one set at the top level. NULL: none. */
+   * accepts "gradient_accumulation_steps" (DeepSpeed's copy of it) and, since 1.7, on a BOOL
+   * spec, "activation_checkpointing" (FSDP's fsdp_activation_checkpointing), and refuses a
+   * value that disagrees with the one set at the top level. NULL: none. */
   const char* run_setting;
 } hasten_option_spec;
 

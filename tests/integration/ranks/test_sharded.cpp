@@ -219,7 +219,7 @@ struct ChainImpl : torch::nn::Module {
 // options `options`, YAML); rank 0 writes the final parameters (in name order) and its memory
 // report to `out`.
 void train_chain(const std::string& strategy, const std::string& comm, const std::filesystem::path& out,
-                 const std::string& options = "") {
+                 const std::string& options = "", const std::vector<std::pair<std::string, std::string>>& extra = {}) {
   hasten::test::TempDir home;
   hasten::LaunchOptions lo;
   lo.num_processes = 2;
@@ -230,6 +230,7 @@ void train_chain(const std::string& strategy, const std::string& comm, const std
         o.strategy = strategy;
         o.set = {{"comm", comm}};
         if (!options.empty()) o.set.emplace_back("strategy_options", options);
+        for (auto& kv : extra) o.set.push_back(kv);
         Accelerator acc(o);
         torch::manual_seed(0);
         auto net = std::make_shared<ChainImpl>();
@@ -305,4 +306,25 @@ TEST(Units, FsdpForwardPrefetchGathersTheNextUnitAndMatchesDdp) {
   const int64_t fc1 = (8 * 32 + 32) * 4, fc2 = (32 * 64 + 64) * 4, fc3 = (64 * 4 + 4) * 4;
   EXPECT_EQ(r["off"][n][0].item<int64_t>(), fc2) << "no prefetch: one unit's full parameters at a time";
   EXPECT_EQ(r["on"][n][0].item<int64_t>(), fc2 + std::max(fc1, fc3)) << "forward prefetch: the next unit too";
+}
+
+// Activation checkpointing under every strategy: each unit's forward runs again in backward
+// (a sharding strategy gathers the unit's parameters for the recompute as for the forward,
+// FSDP's fsdp_activation_checkpointing turns it on too), and the weights end bitwise those of
+// the run without it.
+TEST(Units, ActivationCheckpointingEndsWithTheSameWeightsUnderEveryStrategy) {
+  hasten::test::TempDir dir;
+  for (const std::string s : {"ddp", "zero1", "zero2", "zero3", "fsdp"}) {
+    const auto plain = dir.path() / (s + "-plain.pt"), ckpt = dir.path() / (s + "-ckpt.pt");
+    train_chain(s, "shm", plain);
+    if (s == "fsdp")
+      train_chain(s, "shm", ckpt, "", {{"fsdp_config.fsdp_activation_checkpointing", "true"}});
+    else
+      train_chain(s, "shm", ckpt, "", {{"activation_checkpointing", "true"}});
+    std::vector<torch::Tensor> a, b;
+    torch::load(a, plain.string());
+    torch::load(b, ckpt.string());
+    ASSERT_EQ(a.size(), b.size()) << s;
+    for (size_t i = 0; i + 1 < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << s << ": parameter " << i;
+  }
 }

@@ -48,6 +48,8 @@ class Engine {
 
   // Models.
   size_t add_model(std::shared_ptr<torch::nn::Module> module);
+  // Marks the outermost checkpointable units of `module` (itself when it is one); returns how many.
+  size_t checkpoint_activations(torch::nn::Module& module);
   std::optional<size_t> find_model(const torch::nn::Module* module) const;
   // Sharding units: events around the prepared model's forward (unit 0) and around every
   // hasten::Unit's forward, for strategies that want them.

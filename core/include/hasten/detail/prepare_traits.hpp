@@ -24,6 +24,25 @@ template <class T>
 struct is_shared_ptr<std::shared_ptr<T>> : std::true_type {};
 
 template <class T>
+struct is_prepared_model : std::false_type {};
+template <class M>
+struct is_prepared_model<PreparedModel<M>> : std::true_type {};
+
+// The module behind a model argument: a prepared model's, a module, a shared_ptr's pointee,
+// a module holder's (TORCH_MODULE, hasten::Unit<...>).
+template <class M>
+torch::nn::Module& module_of(const M& m) {
+  if constexpr (is_prepared_model<M>::value)
+    return module_of(m.module());
+  else if constexpr (std::is_base_of_v<torch::nn::Module, M>)
+    return const_cast<M&>(m);
+  else if constexpr (is_shared_ptr<M>::value)
+    return *m;
+  else
+    return *m.ptr();
+}
+
+template <class T>
 struct is_data_loader : std::false_type {};
 template <class D>
 struct is_data_loader<DataLoader<D>> : std::true_type {};
