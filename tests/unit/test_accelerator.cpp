@@ -728,4 +728,15 @@ TEST(Checkpoints, PreHooksSaveAndLoadAModelTheirOwnWay) {
   EXPECT_EQ(saves, 1);
   EXPECT_TRUE(std::filesystem::exists(again + "/model.safetensors"));
   EXPECT_FALSE(std::filesystem::exists(again + "/own_weight.pt"));
+
+  // A hook may remove itself while it runs.
+  hasten::HookHandle once;
+  int runs = 0;
+  once = acc.register_save_state_pre_hook([&](hasten::StateHookArgs&) {
+    ++runs;
+    once.remove();
+  });
+  acc.save_state((dir.path() / "once_a").string());
+  acc.save_state((dir.path() / "once_b").string());
+  EXPECT_EQ(runs, 1);
 }

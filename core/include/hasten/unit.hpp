@@ -29,6 +29,8 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <typeinfo>
 
 #include <tuple>
@@ -52,8 +54,9 @@ class UnitBase {
   // backward. Its forward must return one tensor.
   bool hasten_checkpointed() const noexcept { return checkpointed_; }
   void hasten_set_checkpointed(bool on) noexcept { checkpointed_ = on; }
-  // Whether its forward can be checkpointed: a forward of one signature returning a tensor
-  // (a template forward, Sequential's, cannot: checkpoint the units inside it).
+  // Whether its forward can be checkpointed: one signature, returning a tensor, whose arguments
+  // are tensors (also optional or in a vector), numbers, enums or strings (a template forward,
+  // Sequential's, cannot: checkpoint the units inside it).
   virtual bool hasten_checkpointable() const noexcept { return false; }
 
  protected:
@@ -126,14 +129,41 @@ std::vector<torch::Tensor> run_checkpointed(
     const std::vector<torch::Tensor>& inputs);
 [[noreturn]] void refuse_checkpointed_output(const char* type);
 
+// The tensors of a checkpointed forward's arguments: a tensor, an optional tensor, a vector of
+// tensors (what the recompute gets detached copies of). Tensors inside other types would keep
+// their link to the graph before the unit: such a forward is not checkpointable (below).
 template <class T>
 void collect_tensor(const T& arg, std::vector<torch::Tensor>& out) {
-  if constexpr (std::is_same_v<std::decay_t<T>, torch::Tensor>) out.push_back(arg);
+  using D = std::decay_t<T>;
+  if constexpr (std::is_same_v<D, torch::Tensor>) {
+    out.push_back(arg);
+  } else if constexpr (std::is_same_v<D, std::optional<torch::Tensor>>) {
+    if (arg) out.push_back(*arg);
+  } else if constexpr (std::is_same_v<D, std::vector<torch::Tensor>>) {
+    out.insert(out.end(), arg.begin(), arg.end());
+  }
 }
 template <class T>
 void substitute_tensor(T& arg, const std::vector<torch::Tensor>& in, size_t& k) {
-  if constexpr (std::is_same_v<std::decay_t<T>, torch::Tensor>) arg = in.at(k++);
+  using D = std::decay_t<T>;
+  if constexpr (std::is_same_v<D, torch::Tensor>) {
+    arg = in.at(k++);
+  } else if constexpr (std::is_same_v<D, std::optional<torch::Tensor>>) {
+    if (arg) arg = in.at(k++);
+  } else if constexpr (std::is_same_v<D, std::vector<torch::Tensor>>) {
+    for (auto& t : arg) t = in.at(k++);
+  }
 }
+// An argument a checkpointed forward can keep and pass again: a copyable value, not an rvalue
+// reference, and no tensor hidden in a type the recompute cannot detach.
+template <class A>
+constexpr bool keepable_argument_v =
+    !std::is_rvalue_reference_v<A> && std::is_copy_constructible_v<std::decay_t<A>> &&
+    (std::is_arithmetic_v<std::decay_t<A>> || std::is_enum_v<std::decay_t<A>> ||
+     std::is_same_v<std::decay_t<A>, torch::Tensor> || std::is_same_v<std::decay_t<A>, std::optional<torch::Tensor>> ||
+     std::is_same_v<std::decay_t<A>, std::vector<torch::Tensor>> || std::is_same_v<std::decay_t<A>, std::string>);
+template <class R, class... A>
+constexpr bool checkpointable_v = std::is_same_v<std::decay_t<R>, torch::Tensor> && (keepable_argument_v<A> && ...);
 
 // A checkpointed unit's forward: the arguments are kept (tensors as the inputs the recompute
 // gets detached copies of), and both runs go through unit_forward, so a sharding strategy
@@ -168,12 +198,13 @@ class UnitImpl<Impl, R (C::*)(A...)> : public Impl, public UnitBase {
  public:
   using Impl::Impl;
   UnitImpl() = default;
-  bool hasten_checkpointable() const noexcept override { return std::is_same_v<std::decay_t<R>, torch::Tensor>; }
+  bool hasten_checkpointable() const noexcept override { return detail::checkpointable_v<R, A...>; }
   R forward(A... args) {
-    if (this->hasten_checkpointed() && torch::GradMode::is_enabled())
-      return detail::checkpointed_forward<R>(
-          *this, [this](auto&&... a) -> R { return Impl::forward(std::forward<decltype(a)>(a)...); },
-          std::forward<A>(args)...);
+    if constexpr (detail::checkpointable_v<R, A...>)
+      if (this->hasten_checkpointed() && torch::GradMode::is_enabled())
+        return detail::checkpointed_forward<R>(
+            *this, [this](auto&&... a) -> R { return Impl::forward(std::forward<decltype(a)>(a)...); },
+            std::forward<A>(args)...);
     return detail::unit_forward(*this, [&]() -> R { return Impl::forward(std::forward<A>(args)...); });
   }
 };
@@ -184,12 +215,13 @@ class UnitImpl<Impl, R (C::*)(A...) const> : public Impl, public UnitBase {
  public:
   using Impl::Impl;
   UnitImpl() = default;
-  bool hasten_checkpointable() const noexcept override { return std::is_same_v<std::decay_t<R>, torch::Tensor>; }
+  bool hasten_checkpointable() const noexcept override { return detail::checkpointable_v<R, A...>; }
   R forward(A... args) {
-    if (this->hasten_checkpointed() && torch::GradMode::is_enabled())
-      return detail::checkpointed_forward<R>(
-          *this, [this](auto&&... a) -> R { return Impl::forward(std::forward<decltype(a)>(a)...); },
-          std::forward<A>(args)...);
+    if constexpr (detail::checkpointable_v<R, A...>)
+      if (this->hasten_checkpointed() && torch::GradMode::is_enabled())
+        return detail::checkpointed_forward<R>(
+            *this, [this](auto&&... a) -> R { return Impl::forward(std::forward<decltype(a)>(a)...); },
+            std::forward<A>(args)...);
     return detail::unit_forward(*this, [&]() -> R { return Impl::forward(std::forward<A>(args)...); });
   }
 };

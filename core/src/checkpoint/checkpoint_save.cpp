@@ -80,8 +80,11 @@ std::vector<bool> Engine::Impl::run_state_pre_hooks(bool save, const std::string
   for (size_t i = 0; i < models.size(); ++i) args.models.push_back(i);
   std::vector<bool> kept(models.size(), false);
   std::string failure;  // a hook's error: every rank learns of it before anyone leaves
+  // A copy: a hook may remove itself (or another) while they run.
+  std::vector<StateHook> hooks;
+  for (auto& [id, hook] : save ? checkpoints.save_pre_hooks : checkpoints.load_pre_hooks) hooks.push_back(hook);
   try {
-    for (auto& [id, hook] : save ? checkpoints.save_pre_hooks : checkpoints.load_pre_hooks) hook(args);
+    for (auto& hook : hooks) hook(args);
     for (size_t m : args.models) {
       if (m >= models.size())
         throw UsageError("a pre-hook put model " + std::to_string(m) + " in the list, and there are " +
@@ -90,6 +93,8 @@ std::vector<bool> Engine::Impl::run_state_pre_hooks(bool save, const std::string
     }
   } catch (const std::exception& e) {
     failure = e.what();
+  } catch (...) {
+    failure = "an exception that is not a std::exception";
   }
   // [kept models..., this rank failed], reduced to its maximum and (negated) its minimum.
   const auto n = static_cast<int64_t>(models.size());
@@ -274,15 +279,17 @@ std::string Engine::save_state(const std::string& requested) {
                   {"custom", custom}};
     // The precision's state (fp16: the loss scaler's scale and growth tracker), equal on every
     // rank (each step's overflow verdict is agreed by all): rank 0's.
-    if (s.precision) {
-      if (auto text = s.precision->state_dict()) {
-        json parsed = json::parse(*text, nullptr, false);
-        if (!parsed.is_object())
-          throw Error("save_state: precision plugin '" + s.precision->name() + "' returned a state that is not a JSON object: " +
-                      *text);
-        state["precision"] = {{"plugin", s.precision->name()}, {"state", parsed}};
-      }
-    }
+    // A failure here is recorded like a write's (every rank then learns of it below).
+    if (s.precision)
+      attempt([&] {
+        if (auto text = s.precision->state_dict()) {
+          json parsed = json::parse(*text, nullptr, false);
+          if (!parsed.is_object())
+            throw Error("precision plugin '" + s.precision->name() + "' returned a state that is not a JSON object: " +
+                        *text);
+          state["precision"] = {{"plugin", s.precision->name()}, {"state", parsed}};
+        }
+      });
     attempt([&] { files.push_back(write_file(tmp, kState, state.dump(1))); });
   }
   attempt([&] { write_rank_files(tmp, rank, files); });

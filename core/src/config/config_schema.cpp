@@ -53,7 +53,7 @@ const Schema& core_schema() {
       {"tpu_env", T::Any, json(), {}, {}, {}, "Accepted for Accelerate compatibility (TPU)", true},
       {"command_file", T::String, json(), {}, {}, {}, "Accepted for Accelerate compatibility (TPU)", true},
       {"commands", T::Any, json(), {}, {}, {}, "Accepted for Accelerate compatibility (TPU)", true},
-      {"dynamo_config", T::Map, json(), {}, {}, {}, "Accepted for Accelerate compatibility (torch.compile has no C++ counterpart)", true},
+      {"dynamo_config", T::Map, json(), {}, {}, {}, "Accelerate's; dynamo_backend NO only: a backend is refused (torch.compile has no C++ counterpart)"},
       {"fp8_config", T::Map, json(), {}, {}, {}, "Accepted for Accelerate compatibility (fp8 is not supported)", true},
       {"mpirun_config", T::Map, json(), {}, {}, {}, "Accepted for Accelerate compatibility (hasten launch starts CPU workers itself)", true},
       {"parallelism_config", T::Map, json(), {}, {}, {}, "Accepted for Accelerate compatibility", true},

@@ -11,6 +11,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 
 namespace hasten::detail {
@@ -25,6 +26,8 @@ using torch::autograd::variable_list;
 struct CheckpointState : torch::CustomClassHolder {
   std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)> run;
   at::Tensor cpu_rng;
+  std::optional<c10::Device> cuda_device;  // the CUDA device of the inputs, whose generator is replayed too
+  at::Tensor cuda_rng;
   bool autocast_cpu = false, autocast_cuda = false;
   at::ScalarType cpu_dtype = at::kBFloat16, cuda_dtype = at::kHalf;
   size_t n_inputs = 0;
@@ -55,6 +58,27 @@ struct AutocastAs {
   at::ScalarType cpu_dtype, cuda_dtype;
 };
 
+// Sets the generators to their state at the forward, and back to their state now when done.
+struct RngReplay {
+  explicit RngReplay(const CheckpointState& s) : cpu(at::detail::getDefaultCPUGenerator()) {
+    cpu_now = cpu.get_state();
+    cpu.set_state(s.cpu_rng);
+    if (s.cuda_device) {
+      cuda = at::globalContext().defaultGenerator(*s.cuda_device);
+      cuda_now = cuda->get_state();
+      cuda->set_state(s.cuda_rng);
+    }
+  }
+  ~RngReplay() {
+    cpu.set_state(cpu_now);
+    if (cuda) cuda->set_state(cuda_now);
+  }
+  at::Generator cpu;  // handles: they share the generators
+  at::Tensor cpu_now;
+  std::optional<at::Generator> cuda;
+  at::Tensor cuda_now;
+};
+
 struct Checkpoint : torch::autograd::Function<Checkpoint> {
   // `anchor` is a zero-size tensor that requires grad: the outputs then always have this node
   // as their grad_fn, even when no input requires grad (the first layer's input is data), so
@@ -66,6 +90,12 @@ struct Checkpoint : torch::autograd::Function<Checkpoint> {
     (void)anchor;
     state->n_inputs = inputs.size();
     state->cpu_rng = at::detail::getDefaultCPUGenerator().get_state();
+    for (const auto& t : inputs)
+      if (t.defined() && t.is_cuda()) {
+        state->cuda_device = t.device();
+        state->cuda_rng = at::globalContext().defaultGenerator(t.device()).get_state();
+        break;
+      }
     state->autocast_cpu = compat::autocast_enabled(at::kCPU);
     state->autocast_cuda = compat::autocast_enabled(at::kCUDA);
     state->cpu_dtype = compat::autocast_dtype(at::kCPU);
@@ -89,18 +119,11 @@ struct Checkpoint : torch::autograd::Function<Checkpoint> {
     std::vector<torch::Tensor> outputs;
     {
       // The forward's random draws again (dropout), then this thread's generator as it was.
-      at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle: shares the generator
-      const at::Tensor now = gen.get_state();
-      gen.set_state(state->cpu_rng);
+      // (CPU's, and the inputs' CUDA device's, as torch.utils.checkpoint forks them).
+      RngReplay replay(*state);
       AutocastAs autocast(*state);
       torch::AutoGradMode grad(true);
-      try {
-        outputs = state->run(inputs);
-      } catch (...) {
-        gen.set_state(now);
-        throw;
-      }
-      gen.set_state(now);
+      outputs = state->run(inputs);
     }
     std::vector<torch::Tensor> roots, grads;
     for (size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i)

@@ -78,8 +78,8 @@ size_t Engine::checkpoint_activations(torch::nn::Module& module) {
   const size_t marked = mark_checkpointed(module, true);
   if (marked == 0)
     throw UsageError("checkpoint_activations: '" + module.name() +
-                     "' holds no hasten::Unit whose forward returns one tensor; declare the blocks to recompute "
-                     "as units (hasten::Unit<Block>)");
+                     "' holds no hasten::Unit whose forward returns one tensor (and takes tensors, numbers or "
+                     "strings); declare the blocks to recompute as units (hasten::Unit<Block>)");
   return marked;
 }
 

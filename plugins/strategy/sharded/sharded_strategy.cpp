@@ -218,7 +218,9 @@ void ShardedStrategy::unit_pre_forward(torch::nn::Module& model, uint32_t unit) 
     }
     ++u.users;
     gather_now(u);
-    if (options_.forward_prefetch && !m.plan.empty()) {
+    // Not in backward: a checkpointed unit's recompute runs its forward there, and the unit
+    // after it in forward order has already had its backward.
+    if (options_.forward_prefetch && !m.plan.empty() && !in_backward_.load()) {
       // The unit that ran after this one in the last forward (the backward plan is that
       // forward reversed) starts gathering while this one computes; as in backward, not where
       // the backend finished the gather inside the call (it would overlap nothing). Every rank

@@ -56,22 +56,26 @@ class BatchPrefetcher {
       : plan_(std::move(plan)), next_(first), taken_(first), depth_(std::max(1, reading.depth)),
         pin_(reading.pin_memory), fetch_(std::move(fetch)) {
     threads_.reserve(static_cast<size_t>(reading.num_workers));
-    for (int i = 0; i < reading.num_workers; ++i) threads_.emplace_back([this] { work(); });
-  }
-  ~BatchPrefetcher() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
+    try {
+      for (int i = 0; i < reading.num_workers; ++i) threads_.emplace_back([this] { work(); });
+    } catch (...) {
+      stop();  // a thread that could not start: the others are joined before the error goes on
+      throw;
     }
-    changed_.notify_all();
-    for (auto& t : threads_) t.join();
   }
+  ~BatchPrefetcher() { stop(); }
   BatchPrefetcher(const BatchPrefetcher&) = delete;
   BatchPrefetcher& operator=(const BatchPrefetcher&) = delete;
 
-  // Batch `pos` (the one after the last taken), waiting for a worker to finish it.
+  // Batch `pos` (the one after the last taken), waiting for a worker to finish it. A batch is
+  // taken once: a second take (two copies of one iterator dereferenced at the same position)
+  // is an error, not a wait that never ends.
   Batch take(int64_t pos) {
     std::unique_lock<std::mutex> lock(mutex_);
+    if (pos <= last_taken_)
+      throw UsageError("DataLoader: batch " + std::to_string(pos) +
+                       " was already handed over by the workers (two copies of one iterator read the same epoch)");
+    last_taken_ = pos;
     taken_ = pos;
     changed_.notify_all();  // the window moved: workers may fetch up to pos + depth
     changed_.wait(lock, [&] { return done_.count(pos) != 0; });
@@ -97,6 +101,16 @@ class BatchPrefetcher {
     std::vector<int64_t> indices;
     std::exception_ptr error;
   };
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+  }
 
   void work() {
     for (;;) {
@@ -128,6 +142,7 @@ class BatchPrefetcher {
   std::condition_variable changed_;
   int64_t next_;   // the next batch a worker claims
   int64_t taken_;  // the batch the training thread takes now
+  int64_t last_taken_ = -1;
   const int64_t depth_;
   const bool pin_;
   Fetch fetch_;
