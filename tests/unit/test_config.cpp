@@ -255,6 +255,18 @@ TEST(ConfigErrors, StrategyOptionsAreCheckedAgainstThePluginsDescription) {
   c = hasten::resolve_config(o, clean_env(dir.path()));
   EXPECT_EQ(c.gradient_accumulation_steps, 4);
   EXPECT_EQ(nlohmann::json::parse(c.strategy_options), nlohmann::json::object());
+  // Only the selected strategy's section sets run settings: another one left in a file sets none.
+  o.set = {{"strategy", "ddp"}, {"fsdp_config.fsdp_activation_checkpointing", "true"},
+           {"deepspeed_config.gradient_accumulation_steps", "4"}};
+  c = hasten::resolve_config(o, clean_env(dir.path()));
+  EXPECT_FALSE(c.activation_checkpointing);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  o.set = {{"strategy", "fsdp"}, {"fsdp_config.fsdp_activation_checkpointing", "true"}};
+  c = hasten::resolve_config(o, clean_env(dir.path()));
+  EXPECT_TRUE(c.activation_checkpointing);
+  o.set.emplace_back("activation_checkpointing", "false");
+  const std::string disagree = error_of(o, clean_env(dir.path()));
+  EXPECT_NE(disagree.find("activation_checkpointing is false"), std::string::npos) << disagree;
 }
 
 TEST(ConfigErrors, WrongTypeBadEnumAndRange) {

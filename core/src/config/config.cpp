@@ -307,28 +307,6 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
                       "multi-process type) or num_processes to 1");
   // A section key that also sets a run setting (DeepSpeed's gradient_accumulation_steps)
   // must agree with the top-level key when both are set.
-  // A section key that sets activation_checkpointing (FSDP's fsdp_activation_checkpointing)
-  // turns it on; a top-level value set apart from it must agree.
-  for (auto& row : full.vocabulary.rows) {
-    if (row.run_setting != "activation_checkpointing" || !has(row.path)) continue;
-    const bool value = merged[row.path].get<bool>();
-    if (was_set("activation_checkpointing") && value != c.activation_checkpointing)
-      throw ConfigError(std::string("config error: activation_checkpointing is ") +
-                        (c.activation_checkpointing ? "true" : "false") + " (" + where("activation_checkpointing") +
-                        ") but " + row.path + " is " + (value ? "true" : "false") + " (" + where(row.path) +
-                        "); set one of them");
-    c.activation_checkpointing = value;
-  }
-  for (auto& row : full.vocabulary.rows) {
-    if (row.run_setting != "gradient_accumulation_steps" || !has(row.path)) continue;
-    const int value = merged[row.path].get<int>();
-    if (was_set("gradient_accumulation_steps") && value != c.gradient_accumulation_steps)
-      throw ConfigError("config error: gradient_accumulation_steps is " + std::to_string(c.gradient_accumulation_steps) +
-                        " (" + where("gradient_accumulation_steps") + ") but " + row.path + " is " +
-                        std::to_string(value) + " (" + where(row.path) + "); set one of them");
-    c.gradient_accumulation_steps = value;
-  }
-
   // Strategy: explicit, else the one that answers to distributed_type; a program started as
   // several processes (hasten launch, torchrun, srun, mpirun) with no say in the matter
   // trains data-parallel, as Accelerate does: the strategy that answers to MULTI_CPU.
@@ -353,6 +331,30 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
     strategy_info = selected.info;
   } catch (const Error&) {  // an unknown strategy is reported where the run creates it
   }
+  // Run settings a section key of the selected strategy sets (FSDP's
+  // fsdp_activation_checkpointing, DeepSpeed's gradient_accumulation_steps): a top-level value
+  // set apart from it must agree. Another strategy's section left in a file sets nothing.
+  auto of_strategy = [&](const KeySpec& row) { return strategy_info != nullptr && row.strategy == strategy_info->name; };
+  for (auto& row : full.vocabulary.rows) {
+    if (row.run_setting != "activation_checkpointing" || !has(row.path) || !of_strategy(row)) continue;
+    const bool value = merged[row.path].get<bool>();
+    if (was_set("activation_checkpointing") && value != c.activation_checkpointing)
+      throw ConfigError(std::string("config error: activation_checkpointing is ") +
+                        (c.activation_checkpointing ? "true" : "false") + " (" + where("activation_checkpointing") +
+                        ") but " + row.path + " is " + (value ? "true" : "false") + " (" + where(row.path) +
+                        "); set one of them");
+    c.activation_checkpointing = value;
+  }
+  for (auto& row : full.vocabulary.rows) {
+    if (row.run_setting != "gradient_accumulation_steps" || !has(row.path) || !of_strategy(row)) continue;
+    const int value = merged[row.path].get<int>();
+    if (was_set("gradient_accumulation_steps") && value != c.gradient_accumulation_steps)
+      throw ConfigError("config error: gradient_accumulation_steps is " + std::to_string(c.gradient_accumulation_steps) +
+                        " (" + where("gradient_accumulation_steps") + ") but " + row.path + " is " +
+                        std::to_string(value) + " (" + where(row.path) + "); set one of them");
+    c.gradient_accumulation_steps = value;
+  }
+
   json strategy_options = json::object();
   if (strategy_info != nullptr) {
     for (auto& row : full.vocabulary.rows)
