@@ -218,17 +218,10 @@ void ShardedStrategy::unit_pre_forward(torch::nn::Module& model, uint32_t unit) 
     }
     ++u.users;
     gather_now(u);
-    // Not in backward: a checkpointed unit's recompute runs its forward there, and the unit
-    // after it in forward order has already had its backward.
-    if (options_.forward_prefetch && !m.plan.empty() && !in_backward_.load()) {
-      // The unit that ran after this one in the last forward (the backward plan is that
-      // forward reversed) starts gathering while this one computes; as in backward, not where
-      // the backend finished the gather inside the call (it would overlap nothing). Every rank
-      // runs the same forwards, so every rank prefetches the same units in the same order.
-      auto it = std::find(m.plan.begin(), m.plan.end(), unit);
-      if (it != m.plan.end() && it != m.plan.begin() && !m.units[*std::prev(it)].gathers_in_call)
-        begin_gather(m.units[*std::prev(it)]);
-    }
+    // The unit that ran after this one in the last forward (the backward plan is that forward
+    // reversed). Not in backward: a checkpointed unit's recompute runs its forward there, and
+    // the unit after it in forward order has already had its backward.
+    if (options_.forward_prefetch && !in_backward_.load()) prefetch_neighbour(m, unit, -1);
   }
   check_params(m, u);
 }
@@ -274,13 +267,7 @@ void ShardedStrategy::pre_backward(Model& m, uint32_t unit) {
   }
   if (options_.stage == 3) {
     gather_now(u);
-    if (options_.backward_prefetch) {
-      // The unit expected next in backward starts gathering while this one computes, unless
-      // the backend finished that unit's forward gather inside the call: then the gather
-      // would run here, overlapping nothing, and only keep two units' parameters alive.
-      auto it = std::find(m.plan.begin(), m.plan.end(), unit);
-      if (it != m.plan.end() && ++it != m.plan.end() && !m.units[*it].gathers_in_call) begin_gather(m.units[*it]);
-    }
+    if (options_.backward_prefetch) prefetch_neighbour(m, unit, +1);  // the unit expected next in backward
   }
   alloc_grads(u);
 }

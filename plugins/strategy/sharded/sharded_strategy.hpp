@@ -143,6 +143,7 @@ class ShardedStrategy final : public sdk::Strategy {
   torch::Tensor pooled_empty(int64_t n, const torch::TensorOptions& options);
   void free_params(Unit& u);
   void begin_gather(Unit& u);
+  void prefetch_neighbour(Model& m, uint32_t unit, int step);
   void finish_gather(Unit& u);
   void gather_now(Unit& u);
   void begin_gather_into_live(Unit& u);

@@ -74,6 +74,20 @@ void ShardedStrategy::finish_gather(Unit& u) {
   u.params_live = true;
 }
 
+// Starts gathering the unit `step` places from `unit` in the backward plan (+1: the next in
+// backward, -1: the next in forward), while `unit` computes; not where the backend finished
+// that unit's last gather inside the call: the gather would then run here, overlapping
+// nothing, and only keep two units' parameters alive. Every rank runs the same forwards and
+// backwards, so every rank prefetches the same units in the same order.
+void ShardedStrategy::prefetch_neighbour(Model& m, uint32_t unit, int step) {
+  const auto it = std::find(m.plan.begin(), m.plan.end(), unit);
+  if (it == m.plan.end()) return;
+  const auto at = (it - m.plan.begin()) + step;
+  if (at < 0 || at >= static_cast<std::ptrdiff_t>(m.plan.size())) return;
+  Unit& next = m.units[m.plan[static_cast<size_t>(at)]];
+  if (!next.gathers_in_call) begin_gather(next);
+}
+
 void ShardedStrategy::gather_now(Unit& u) {
   begin_gather(u);
   finish_gather(u);
