@@ -117,6 +117,9 @@ int run_training(const Args& a, hasten::Options options) {
                                  std::to_string(corpus.val_text.size()) + " bytes)");
   if (a.resume) options.resume = "auto";
   options.gradient_accumulation_steps = static_cast<int>(a.accumulation);
+  // Counted before the Accelerator: under sharded_init (zero3_init_flag) the layers built
+  // after it hold only this rank's shards.
+  const int64_t n_params = TinyGptImpl::parameter_count(kVocab, a.context, a.d_model, a.n_head, 4 * a.d_model, a.n_layer);
   hasten::Accelerator acc(options);  // hasten
   torch::set_num_threads(a.threads);
   hasten::set_blas_threads(a.threads);  // the BLAS's pool: MKL follows LibTorch's, an OpenBLAS has its own
@@ -126,8 +129,6 @@ int run_training(const Args& a, hasten::Options options) {
   const bool units = acc.strategy() == "zero" || acc.strategy() == "fsdp" || a.gradient_checkpointing;
   auto net = std::make_shared<TinyGptImpl>(kVocab, a.context, a.d_model, a.n_head, 4 * a.d_model, a.n_layer, units);
   if (!a.init_from.empty()) hasten::load_weights(*net, a.init_from);  // hasten: from_pretrained
-  int64_t n_params = 0;  // counted now: under stage 3 the module's parameters are empty after prepare
-  for (const auto& p : net->parameters()) n_params += p.numel();
 
   // Weight decay on the weight matrices and embeddings, none on biases and layer norms (as
   // Accelerate's example excludes "bias" and "LayerNorm.weight").
@@ -150,7 +151,11 @@ int run_training(const Args& a, hasten::Options options) {
       {.batch_size = a.eval_batch_size, .num_workers = a.num_workers});
   // Recompute each transformer block's activations in backward instead of keeping them.
   if (a.gradient_checkpointing) acc.checkpoint_activations(net);  // hasten
+  // High-water marks of the process: the model built (whole, or sharded under sharded_init),
+  // then prepared.
+  const double built_rss_mb = hasten::workloads::peak_rss_mb();
   auto [model, opt, train_loader, val_loader] = acc.prepare(net, adamw, train_data, val_data);  // hasten
+  const double prepared_rss_mb = hasten::workloads::peak_rss_mb();
 
   // Optimizer steps this process takes: per epoch its batches over the accumulation, rounded
   // up (the last batch of an epoch always steps).
@@ -285,6 +290,8 @@ int run_training(const Args& a, hasten::Options options) {
                              {"param_checksum", checksum},
                              {"gradient_checkpointing", a.gradient_checkpointing},
                              {"peak_rss_mb", hasten::workloads::peak_rss_mb()},
+                             {"peak_rss_built_mb", built_rss_mb},
+                             {"peak_rss_prepared_mb", prepared_rss_mb},
                              {"checkpoint", checkpoint},
                              {"resumed_from", resumed_from},
                              {"init_from", a.init_from},

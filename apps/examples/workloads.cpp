@@ -107,6 +107,16 @@ TinyGptImpl::TinyGptImpl(int64_t vocab, int64_t seq, int64_t d_model, int64_t nh
   positions = torch::arange(seq);
 }
 
+int64_t TinyGptImpl::parameter_count(int64_t vocab, int64_t seq, int64_t d_model, int64_t nhead, int64_t ff,
+                                     int64_t layers) {
+  CausalBlock block(
+      torch::nn::TransformerEncoderLayerOptions(d_model, nhead).dim_feedforward(ff).dropout(0.0).activation(torch::kReLU));
+  int64_t per_block = 0;
+  for (const auto& p : block->parameters()) per_block += p.numel();
+  // tok and pos embeddings, the blocks, the head's weight and bias.
+  return (vocab + seq) * d_model + layers * per_block + d_model * vocab + vocab;
+}
+
 torch::Tensor TinyGptImpl::forward(torch::Tensor idx) {
   const int64_t s = idx.size(0);
   if (positions.device() != idx.device()) {

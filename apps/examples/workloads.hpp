@@ -55,6 +55,10 @@ TORCH_MODULE(CausalBlock);
 // mask (sequence-first), a linear head. Layers are constructed one by one, as the peer does.
 struct TinyGptImpl : ModelImpl {
   TinyGptImpl(int64_t vocab, int64_t seq, int64_t d_model, int64_t nhead, int64_t ff, int64_t layers, bool units);
+  // Its parameter count without building it (one block is built, then dropped): a model built
+  // sharded (sharded_init) holds only shards, and a full build would cost the memory it saves.
+  static int64_t parameter_count(int64_t vocab, int64_t seq, int64_t d_model, int64_t nhead, int64_t ff,
+                                 int64_t layers);
   torch::Tensor forward(torch::Tensor idx) override;  // idx: (seq, batch) int64
   torch::nn::Embedding tok{nullptr}, pos{nullptr};
   torch::nn::ModuleList blocks{nullptr};

@@ -109,6 +109,9 @@ struct Config {
   bool sync_each_batch = false;
   // Activation checkpointing of every prepared model's outermost units (unit.hpp).
   bool activation_checkpointing = false;
+  // Models built without their full weights: from the Accelerator's construction to its first
+  // prepare, each hasten::Unit keeps only this rank's shard once constructed (stage 3).
+  bool sharded_init = false;
   bool sync_with_dataloader = true;
   // Departures from Accelerate, each with Accelerate's arithmetic as an option.
   std::string short_window_loss_division = "window";  // "steps": divide by N, as Accelerate

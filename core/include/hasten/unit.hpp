@@ -77,6 +77,18 @@ class UnitBase {
 
 namespace detail {
 
+// Tells the Accelerator building this model sharded (Config::sharded_init) that a unit's
+// constructor has finished; nothing otherwise (sharded_build.cpp).
+void unit_built(torch::nn::Module& unit);
+
+// A member of every unit, so constructed after the module itself: its constructor is the
+// moment the unit's parameters are initialised. A copy (Module::clone) is not a new build.
+struct UnitBuiltSignal {
+  explicit UnitBuiltSignal(torch::nn::Module& unit) { unit_built(unit); }
+  UnitBuiltSignal(const UnitBuiltSignal&) noexcept {}
+  UnitBuiltSignal& operator=(const UnitBuiltSignal&) noexcept { return *this; }
+};
+
 template <class T, class = void>
 struct is_tuple_like : std::false_type {};
 template <class T>
@@ -207,6 +219,9 @@ class UnitImpl<Impl, R (C::*)(A...)> : public Impl, public UnitBase {
             std::forward<A>(args)...);
     return detail::unit_forward(*this, [&]() -> R { return Impl::forward(std::forward<A>(args)...); });
   }
+
+ private:
+  detail::UnitBuiltSignal hasten_built_{*this};
 };
 
 // A const forward.
@@ -224,6 +239,9 @@ class UnitImpl<Impl, R (C::*)(A...) const> : public Impl, public UnitBase {
             std::forward<A>(args)...);
     return detail::unit_forward(*this, [&]() -> R { return Impl::forward(std::forward<A>(args)...); });
   }
+
+ private:
+  detail::UnitBuiltSignal hasten_built_{*this};
 };
 
 // A forward that is a template or overloaded (Sequential): forward whatever is passed.
@@ -236,6 +254,8 @@ class UnitImpl<Impl, void> : public Impl, public UnitBase {
   decltype(auto) forward(A&&... args) {
     return detail::unit_forward(*this, [&]() -> decltype(auto) { return Impl::forward(std::forward<A>(args)...); });
   }
+ private:
+  detail::UnitBuiltSignal hasten_built_{*this};
 };
 
 // The holder of a unit: hasten::Unit<torch::nn::Linear> is used like torch::nn::Linear.

@@ -123,6 +123,10 @@ void load_weights(torch::nn::Module& module, const std::string& path, bool stric
       missing.push_back(name);
       return;
     }
+    if (it->second.sizes() != target.sizes() && target.numel() == 0 && it->second.numel() > 0)
+      throw Error("load_weights: '" + name + "' of the module holds no values (a hasten::Unit built sharded under "
+                  "sharded_init keeps them in the strategy until prepare); build the model whole (sharded_init, "
+                  "zero3_init_flag and fsdp_cpu_ram_efficient_loading off) to load weights into it");
     if (it->second.sizes() != target.sizes())
       throw Error("load_weights: '" + name + "' has shape " + c10::str(it->second.sizes()) + " in '" + path +
                   "', the module's is " + c10::str(target.sizes()));

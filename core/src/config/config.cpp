@@ -223,6 +223,7 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
     c.dispatch_batches = merged["dispatch_batches"].get<bool>();
   c.sync_each_batch = merged["sync_each_batch"].get<bool>();
   c.activation_checkpointing = merged["activation_checkpointing"].get<bool>();
+  c.sharded_init = merged["sharded_init"].get<bool>();
   c.sync_with_dataloader = merged["sync_with_dataloader"].get<bool>();
   c.short_window_loss_division = get_str(merged, "short_window_loss_division");
   c.scheduler_steps_per_process = merged["scheduler_steps_per_process"].get<bool>();
@@ -335,15 +336,17 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
   // fsdp_activation_checkpointing, DeepSpeed's gradient_accumulation_steps): a top-level value
   // set apart from it must agree. Another strategy's section left in a file sets nothing.
   auto of_strategy = [&](const KeySpec& row) { return strategy_info != nullptr && row.strategy == strategy_info->name; };
-  for (auto& row : full.vocabulary.rows) {
-    if (row.run_setting != "activation_checkpointing" || !has(row.path) || !of_strategy(row)) continue;
-    const bool value = merged[row.path].get<bool>();
-    if (was_set("activation_checkpointing") && value != c.activation_checkpointing)
-      throw ConfigError(std::string("config error: activation_checkpointing is ") +
-                        (c.activation_checkpointing ? "true" : "false") + " (" + where("activation_checkpointing") +
-                        ") but " + row.path + " is " + (value ? "true" : "false") + " (" + where(row.path) +
-                        "); set one of them");
-    c.activation_checkpointing = value;
+  for (auto& [setting, field] : {std::pair<std::string, bool*>{"activation_checkpointing", &c.activation_checkpointing},
+                                  std::pair<std::string, bool*>{"sharded_init", &c.sharded_init}}) {
+    for (auto& row : full.vocabulary.rows) {
+      if (row.run_setting != setting || !has(row.path) || !of_strategy(row)) continue;
+      const bool value = merged[row.path].get<bool>();
+      if (was_set(setting) && value != *field)
+        throw ConfigError("config error: " + setting + " is " + (*field ? "true" : "false") + " (" + where(setting) +
+                          ") but " + row.path + " is " + (value ? "true" : "false") + " (" + where(row.path) +
+                          "); set one of them");
+      *field = value;
+    }
   }
   for (auto& row : full.vocabulary.rows) {
     if (row.run_setting != "gradient_accumulation_steps" || !has(row.path) || !of_strategy(row)) continue;

@@ -107,6 +107,10 @@ const Schema& core_schema() {
       {"activation_checkpointing", T::Bool, false, {}, {}, {},
        "Every prepared model's outermost hasten::Unit blocks keep no activations and run again in backward (under "
        "every strategy; fsdp_config.fsdp_activation_checkpointing sets it too)"},
+      {"sharded_init", T::Bool, false, {}, {}, {},
+       "Models built after the Accelerator and before its first prepare keep only this rank's shard of each "
+       "hasten::Unit once it is constructed, under strategies that shard parameters at rest (zero3, fsdp "
+       "FULL_SHARD); deepspeed_config.zero3_init_flag and fsdp_config.fsdp_cpu_ram_efficient_loading set it too"},
       {"sync_each_batch", T::Bool, false, {}, {}, {},
        "Under accumulate(), reduce gradients on every micro-batch (more communication, less memory); the optimizer "
        "still steps every gradient_accumulation_steps-th (Accelerate's GradientAccumulationPlugin sync_each_batch)"},

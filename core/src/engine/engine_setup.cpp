@@ -79,6 +79,7 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
   s.precision->check_device(s.dl_device);
   s.precision_autocast = s.precision->has_autocast();
   s.unit_events = s.strategy->has_unit_events();
+  s.start_sharded_build(*this);
   // Every plugin this run names is selected: what the probe refused is now only a warning.
   registry.report_skipped_files();
   get_logger()->debug("accelerator: strategy {}, precision {}, device {}, rank {}/{}",
@@ -87,6 +88,7 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
 }
 
 Engine::~Engine() {
+  Impl::stop_sharded_build(*this);
   // Units outlive the engine when the user keeps the model: detach them first.
   for (auto& m : impl_->models)
     for (UnitBase* u : m.units) u->engine_ = nullptr;

@@ -59,6 +59,11 @@ struct Engine::Impl {
   std::unique_ptr<PrecisionInstance> precision;
   bool precision_autocast = false;
   bool unit_events = false;  // the strategy wants unit forward events
+  // sharded_build.cpp (config key sharded_init): the units the strategy was handed as they
+  // were built, and the end of the window in which units are built sharded.
+  std::vector<const torch::nn::Module*> built_sharded;
+  void start_sharded_build(Engine& self);
+  static void stop_sharded_build(const Engine& self);
   std::vector<std::unique_ptr<RunningTracker>> trackers;  // trackers/
   // engine/: the prepared objects and the lifecycle's state machines.
   std::vector<ModelEntry> models;

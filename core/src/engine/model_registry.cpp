@@ -2,7 +2,11 @@
 // and finding a model's index again.
 #include <hasten/error.hpp>
 
+#include <hasten/logging.hpp>
+
 #include <torch/nn/module.h>
+
+#include <algorithm>
 
 #include "engine/engine_state.hpp"
 
@@ -26,6 +30,7 @@ size_t mark_checkpointed(torch::nn::Module& m, bool include_self) {
 size_t Engine::add_model(std::shared_ptr<torch::nn::Module> module) {
   Impl& s = *impl_;
   if (!module) throw UsageError("prepare: the model is null");
+  Impl::stop_sharded_build(*this);  // models built from here on are built whole
   const size_t index = s.models.size();
   hasten_model_info info{};
   info.struct_size = sizeof(info);
@@ -50,6 +55,14 @@ size_t Engine::add_model(std::shared_ptr<torch::nn::Module> module) {
   }
   info.units = units.data();
   info.n_units = static_cast<uint32_t>(units.size());
+  if (s.config.sharded_init && train && s.strategy->has_unit_built() &&
+      std::none_of(units.begin(), units.end(), [&](hasten_module* u) {
+        return std::find(s.built_sharded.begin(), s.built_sharded.end(),
+                         reinterpret_cast<const torch::nn::Module*>(u)) != s.built_sharded.end();
+      }))
+    get_logger()->warn("sharded_init: model {} ('{}') was built whole: {}", index, module->name(),
+                       units.size() == 1 ? "it declares no hasten::Unit to build sharded"
+                                         : "build it after the Accelerator, on its thread, before the first prepare");
   s.strategy->prepare_model(*module, info);
   if (s.unit_events) {
     uint32_t k = 1;

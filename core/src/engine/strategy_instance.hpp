@@ -45,6 +45,10 @@ class StrategyInstance : public PluginInstance {
       call("after_optimizer_step", [&] { return fn(instance_, h(optimizer)); });
   }
   bool has_unit_events() const { return vt().strategy.unit_pre_forward != nullptr; }
+  bool has_unit_built() const { return vt().strategy.unit_built != nullptr; }
+  void unit_built(torch::nn::Module& unit, const hasten_model_info& info) {
+    call("unit_built", [&] { return vt().strategy.unit_built(instance_, h(unit), &info); });
+  }
   void unit_pre_forward(torch::nn::Module& model, uint32_t unit) {
     if (auto fn = vt().strategy.unit_pre_forward) call("unit_pre_forward", [&] { return fn(instance_, h(model), unit); });
   }

@@ -106,11 +106,15 @@ std::string read_description(const hasten_plugin_descriptor& d, PluginKind kind,
         return what + " has an invalid section_key '" + opt.section_key + "' (allowed: 1-64 characters of a-z, 0-9 and '_')";
       if (!section_keys.insert(opt.section_key).second) return "section key '" + opt.section_key + "' is declared twice";
     }
+    // Each run setting from the minor that introduced it (an older plugin cannot mean it).
+    const uint32_t minor = HASTEN_ABI_VERSION_MINOR(d.abi_version);
+    const bool bool_setting = opt.type == "bool" && ((opt.run_setting == "activation_checkpointing" && minor >= 7) ||
+                                                     (opt.run_setting == "sharded_init" && minor >= 8));
     if (o.run_setting != nullptr &&
-        (o.section_key == nullptr || (opt.run_setting != "gradient_accumulation_steps" &&
-                                      !(opt.run_setting == "activation_checkpointing" && opt.type == "bool"))))
+        (o.section_key == nullptr || (opt.run_setting != "gradient_accumulation_steps" && !bool_setting)))
       return what + " declares run_setting '" + opt.run_setting +
-             "' (allowed, on a section key: gradient_accumulation_steps; activation_checkpointing, a bool)";
+             "' (allowed, on a section key: gradient_accumulation_steps; activation_checkpointing, a bool, since "
+             "ABI 1.7; sharded_init, a bool, since ABI 1.8)";
     info.options.push_back(std::move(opt));
   }
   return "";

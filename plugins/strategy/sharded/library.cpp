@@ -40,8 +40,11 @@ constexpr hasten_option_spec kZeroOptions[] = {
     section_only_key("deepspeed_config_file", HASTEN_OPTION_STRING,
                      "A DeepSpeed JSON file: its zero_optimization, gradient_clipping, bf16/fp16 and "
                      "gradient_accumulation_steps join the config"),
-    OptionSpec("zero3_init_flag", HASTEN_OPTION_BOOL, "Accepted; hasten builds the full model and shards it at prepare")
-        .section_key("zero3_init_flag"),
+    // The host runs the sharded build (unit_built): a section key of the run setting.
+    section_only_key("zero3_init_flag", HASTEN_OPTION_BOOL,
+                     "Stage 3: each hasten::Unit keeps only this rank's shard once constructed (models built "
+                     "after the Accelerator, before prepare)")
+        .run_setting("sharded_init"),
     OptionSpec("zero3_save_16bit_model", HASTEN_OPTION_BOOL, "Accepted; hasten always gathers full weights on save")
         .section_key("zero3_save_16bit_model"),
     section_only_key("gradient_accumulation_steps", HASTEN_OPTION_INT,
@@ -95,8 +98,10 @@ constexpr hasten_option_spec kFsdpOptions[] = {
         .allowed("FULL_STATE_DICT,LOCAL_STATE_DICT,SHARDED_STATE_DICT").section_key("fsdp_state_dict_type"),
     OptionSpec("use_orig_params", HASTEN_OPTION_BOOL, "Accepted; hasten always keeps original parameters")
         .section_key("fsdp_use_orig_params"),
-    OptionSpec("cpu_ram_efficient_loading", HASTEN_OPTION_BOOL, "Accepted; no effect")
-        .section_key("fsdp_cpu_ram_efficient_loading"),
+    section_only_key("fsdp_cpu_ram_efficient_loading", HASTEN_OPTION_BOOL,
+                     "FULL_SHARD: each hasten::Unit keeps only this rank's shard once constructed (models built "
+                     "after the Accelerator, before prepare)")
+        .run_setting("sharded_init"),
     OptionSpec("sync_module_states", HASTEN_OPTION_BOOL, "Accepted; prepare always broadcasts rank 0's weights")
         .section_key("fsdp_sync_module_states"),
     // The host runs the checkpointing (every outermost hasten::Unit): a section key of the run
@@ -132,6 +137,7 @@ class ZeroStrategy final : public hasten::sdk::Strategy {
   void state_dict(torch::nn::Module& m, int32_t k, const Emit& e) override { impl_.state_dict(m, k, e); }      \
   void load_state_dict(torch::nn::Module& m, const NamedTensorRefs& t) override { impl_.load_state_dict(m, t); } \
   void load_state_dict_ranges(torch::nn::Module& m, const ReadRange& r) override { impl_.load_state_dict_ranges(m, r); } \
+  void unit_built(torch::nn::Module& u, const hasten_model_info& i) override { impl_.unit_built(u, i); }      \
   void optimizer_state(torch::optim::Optimizer& o, torch::nn::Module& m, const Emit& e) override {            \
     impl_.optimizer_state(o, m, e);                                                                             \
   }                                                                                                             \

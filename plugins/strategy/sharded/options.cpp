@@ -53,8 +53,8 @@ Options parse_zero_options(const hasten_host_api* host, std::string_view json, c
   o.offload_optimizer = offload_to_cpu("offload_optimizer_device", in.text("offload_optimizer_device"));
   o.offload_params = offload_to_cpu("offload_param_device", in.text("offload_param_device"));
   o.gradient_clipping = in.number("gradient_clipping").value();
-  // zero3_init_flag, zero3_save_16bit_model: accepted (hasten builds full models first and
-  // always saves full weights); their type was checked by the host.
+  // zero3_save_16bit_model: accepted (hasten always saves full weights); its type was checked
+  // by the host. zero3_init_flag is the host's run setting sharded_init (unit_built).
   only_none(in, "offload_optimizer_nvme_path", "nvme offload is not supported");
   only_none(in, "offload_param_nvme_path", "nvme offload is not supported");
   only_none(in, "deepspeed_moe_layer_cls_names",
@@ -101,7 +101,7 @@ Options parse_fsdp_options(const hasten_host_api* host, std::string_view json, i
   if (in.text("ignored_modules"))
     throw Error(HASTEN_ERR_UNSUPPORTED, "fsdp: ignored_modules is not supported (units are declared by type)");
   // auto_wrap_policy, transformer_layer_cls_to_wrap, min_num_params, state_dict_type,
-  // use_orig_params, cpu_ram_efficient_loading, sync_module_states, version:
+  // use_orig_params, sync_module_states, version:
   // accepted (C++ units are declared by type); their type was checked by the host.
   if (o.stage < 3) o.offload_params = false;  // FSDP offloads parameters only when sharded at rest
   return o;

@@ -58,7 +58,9 @@ ShardedStrategy::Model& ShardedStrategy::find(torch::nn::Module& module) {
 
 void ShardedStrategy::broadcast_from_rank0(torch::nn::Module& module) {
   if (world_ == 1) return;
-  std::vector<torch::Tensor> all = module.parameters();
+  std::vector<torch::Tensor> all;
+  for (auto& p : module.parameters())
+    if (!built(p)) all.push_back(p);  // a unit built sharded broadcast its parameters when built
   for (auto& b : module.buffers()) all.push_back(b);
   sdk::broadcast_from_rank0(host(), all);
 }
@@ -90,7 +92,10 @@ void ShardedStrategy::build_units(Model& m, const hasten_model_info& info) {
   std::map<const void*, uint32_t> owner;
   std::vector<std::set<const torch::nn::Module*>> subtree(n_units);
   for (uint32_t k = 0; k < n_units; ++k) {
-    for (auto& sub : unit_modules[k]->modules(/*include_self=*/true)) subtree[k].insert(sub.get());
+    // Not modules(include_self): a unit still inside its constructor (unit_built) is not yet
+    // owned by a shared_ptr.
+    subtree[k].insert(unit_modules[k]);
+    for (auto& sub : unit_modules[k]->modules(/*include_self=*/false)) subtree[k].insert(sub.get());
     for (auto& p : unit_modules[k]->parameters()) {
       auto it = owner.find(p.unsafeGetTensorImpl());
       if (it != owner.end() && k > 0 && subtree[it->second].count(unit_modules[k]) == 0)
@@ -111,8 +116,8 @@ void ShardedStrategy::build_units(Model& m, const hasten_model_info& info) {
       throw Error(HASTEN_ERR_UNSUPPORTED, options_.label + ": parameters of one unit must share dtype and device ('" +
                                               named.key() + "')");
     u.offsets.push_back(u.numel);
-    u.shapes.push_back(p.sizes().vec());
-    u.numel += p.numel();
+    u.shapes.push_back(full_shape(p));
+    u.numel += c10::multiply_integers(u.shapes.back());
     u.params.push_back(p);
     u.names.push_back(named.key());
   }
@@ -132,7 +137,7 @@ void ShardedStrategy::materialize_unit(Model& m, uint32_t k) {
   u.padded = (u.numel + world_ - 1) / world_ * world_;
   u.shard = u.padded / world_;
   const auto options = u.params.front().options().requires_grad(false);
-  {
+  if (!adopt_built(u, options_.label + ": unit " + std::to_string(k))) {
     torch::NoGradGuard no_grad;
     u.flat = torch::empty({u.padded}, options);
     if (u.padded > u.numel) u.flat.narrow(0, u.numel, u.padded - u.numel).zero_();
@@ -145,15 +150,7 @@ void ShardedStrategy::materialize_unit(Model& m, uint32_t k) {
     u.flat_grad = options_.stage >= 2 ? torch::empty({u.padded}, options) : torch::zeros({u.padded}, options);
     if (options_.stage < 2) attach_grads(u);
     if (options_.stage >= 1) {
-      const torch::Tensor mine = u.flat.narrow(0, static_cast<int64_t>(rank_) * u.shard, u.shard);
-      if (shard_device().is_cpu() && !mine.is_cpu()) {
-        // Offloaded shards of a GPU model live in pinned memory: each gather copies them to the
-        // GPU without a host wait (begin_gather's non-blocking copy).
-        u.master = torch::empty({u.shard}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
-        u.master.copy_(mine);
-      } else {
-        u.master = mine.to(shard_device(), torch::kFloat, false, true);
-      }
+      u.master = make_master(u);
       if (options_.stage == 1)
         u.shard_grad = alias(u.flat_grad, static_cast<int64_t>(rank_) * u.shard, {u.shard});
       else

@@ -79,6 +79,7 @@ class ShardedStrategy final : public sdk::Strategy {
   void optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& model, const Emit& emit) override;
   void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& model,
                             const NamedTensorRefs& tensors) override;
+  void unit_built(torch::nn::Module& unit, const hasten_model_info& info) override;
 
  private:
   struct Unit {
@@ -132,6 +133,22 @@ class ShardedStrategy final : public sdk::Strategy {
     size_t index;
   };
 
+  // Units built sharded (sharded_build.cpp): what unit_built kept of a unit, until
+  // prepare_model finds the unit in a model and adopts it (materialize_unit).
+  struct Built {
+    std::vector<torch::Tensor> params;         // the unit's own parameters, now 0-element
+    std::vector<std::vector<int64_t>> shapes;  // their full shapes
+    torch::Tensor master;                      // this rank's shard, as materialize_unit keeps it
+  };
+  bool built(const torch::Tensor& param) const { return built_params_.count(param.unsafeGetTensorImpl()) != 0; }
+  std::vector<int64_t> full_shape(const torch::Tensor& param) const;
+  // Keeps this rank's shard of a unit whose parameters are live in u.flat (master and, for
+  // stage 1, nothing else): shared by materialize_unit and unit_built.
+  torch::Tensor make_master(const Unit& u) const;
+  // prepare_model's side: u's parameters were built sharded; gathers them once so the
+  // gradient hooks see their shapes (one unit's memory, freed again by materialize_unit).
+  bool adopt_built(Unit& u, const std::string& model_label);
+
   Model& find(torch::nn::Module& module);
   void build_units(Model& m, const hasten_model_info& info);
   void materialize_unit(Model& m, uint32_t unit);
@@ -180,6 +197,9 @@ class ShardedStrategy final : public sdk::Strategy {
   std::map<std::tuple<const torch::optim::Optimizer*, const Model*, uint32_t, size_t>, torch::Tensor> view_of_;
   hasten_memory_report peak_{};
   BufferPool pool_;  // freed unit buffers, reused by the next gather or backward (CPU)
+  std::vector<std::unique_ptr<Built>> built_;  // units built sharded, not yet prepared
+  std::map<const void*, std::pair<Built*, size_t>> built_params_;  // TensorImpl* -> (unit, index)
+  bool warned_whole_build_ = false;  // sharded_init below stage 3 said once that it keeps units whole
 };
 
 }  // namespace hasten::sharded

@@ -1,5 +1,5 @@
 /*
- * hasten plugin ABI, version 1.7.
+ * hasten plugin ABI, version 1.8.
  *
  * The one contract between the hasten core (the "host") and its plugins: strategies,
  * precision, trackers and communication backends. C99, no LibTorch, no C++.
@@ -49,6 +49,10 @@
  *     1.7    precision slots state_dict and load_state_dict (a checkpoint keeps a loss
  *            scaler's scale and growth tracker, so a resumed fp16 run is the straight one);
  *            hasten_option_spec.run_setting "activation_checkpointing" on a BOOL spec.
+ *     1.8    strategy slot unit_built (a unit keeps only this rank's shard as soon as it is
+ *            constructed: models built without their full weights); hasten_option_spec.run_setting
+ *            "sharded_init" on a BOOL spec (DeepSpeed's zero3_init_flag, FSDP's
+ *            fsdp_cpu_ram_efficient_loading).
  *
  * - Tensors in asynchronous calls: a DLTensor struct passed to any call (and its shape and
  *   strides arrays) is borrowed for the duration of the call only; a callee that needs them
@@ -90,7 +94,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------ */
 
 #define HASTEN_ABI_MAJOR 1
-#define HASTEN_ABI_MINOR 7
+#define HASTEN_ABI_MINOR 8
 /* Packed as (major << 16) | minor in every abi_version field. */
 #define HASTEN_ABI_VERSION ((uint32_t)((HASTEN_ABI_MAJOR << 16) | HASTEN_ABI_MINOR))
 #define HASTEN_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -346,9 +350,11 @@ typedef struct hasten_option_spec {
   double max;
   const char* section_key;  /* strategies: the key in config_section, NULL: none           */
   /* Strategies: a run setting (a top-level config key) the section key also sets; the host
-   * accepts "gradient_accumulation_steps" (DeepSpeed's copy of it) and, since 1.7, on a BOOL
-   * spec, "activation_checkpointing" (FSDP's fsdp_activation_checkpointing), and refuses a
-   * value that disagrees with the one set at the top level. NULL: none. */
+   * accepts "gradient_accumulation_steps" (DeepSpeed's copy of it); since 1.7, on a BOOL
+   * spec, "activation_checkpointing" (FSDP's fsdp_activation_checkpointing); since 1.8, on a
+   * BOOL spec, "sharded_init" (zero3_init_flag, fsdp_cpu_ram_efficient_loading: the host then
+   * calls unit_built). It refuses a value that disagrees with the one set at the top level,
+   * and a run setting newer than the plugin's minor. NULL: none. */
   const char* run_setting;
 } hasten_option_spec;
 
@@ -518,6 +524,20 @@ typedef struct hasten_strategy_vtable {
       hasten_status (*read)(void* ctx, const char* name, const int64_t* shape, uint32_t ndim,
                             int64_t offset, hasten_tensor* dst),
       void* ctx);
+  /* ---- Since 1.8 ---- */
+  /* Optional: models built without their full weights. With the run setting sharded_init on,
+   * the host calls it right after a hasten::Unit's constructor returns (the unit's parameters
+   * are initialised in full), from the Accelerator's construction until its first
+   * prepare_model, on the thread that builds the model. unit: borrowed, the unit being built;
+   * info: as prepare_model's, for the unit's subtree (units[0] is the unit itself, then the
+   * units nested in it, each already passed here), device the run's. The strategy may keep
+   * only what this rank holds at rest of the parameters the unit owns (not its nested units'),
+   * leaving them 0-element tensors of the same dtype until prepare_model, which must then
+   * restore them and adopt what was kept. Rank 0's values win (the strategy broadcasts them).
+   * Collective: every rank builds the same units in the same order. NULL: units are built
+   * whole and sharded_init has no effect (the host warns). */
+  hasten_status (*unit_built)(hasten_instance* self, hasten_module* unit,
+                              const hasten_model_info* info);
 } hasten_strategy_vtable;
 
 /* ------------------------------------------------------------------------------------------ */

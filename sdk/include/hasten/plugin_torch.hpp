@@ -211,6 +211,10 @@ class Strategy : public PluginBase {
   using ReadRange =
       std::function<void(const std::string& name, at::IntArrayRef shape, int64_t offset, at::Tensor& dst)>;
   virtual void load_state_dict_ranges(torch::nn::Module& model, const ReadRange& read) { (void)model, (void)read; }
+  // ABI 1.8 unit_built: `unit` was just constructed inside a sharded build (plugin.h); keep
+  // what this rank holds at rest of the parameters it owns and leave them 0-element tensors
+  // until prepare_model adopts them.
+  virtual void unit_built(torch::nn::Module& unit, const hasten_model_info& info) { (void)unit, (void)info; }
 };
 
 template <class T>
@@ -334,6 +338,10 @@ constexpr hasten_strategy_vtable make_strategy_vtable() {
                 });
           });
         };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Strategy, unit_built))
+    vt.unit_built = [](hasten_instance* i, hasten_module* u, const hasten_model_info* info) noexcept {
+      return detail::call<Strategy>(i, [&](Strategy& s) { s.unit_built(module(u), *info); });
+    };
   return vt;
 }
 template <class T>

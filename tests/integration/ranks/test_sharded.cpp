@@ -170,10 +170,17 @@ struct StackImpl : torch::nn::Module {
   torch::nn::Linear head{nullptr};
 };
 
-std::vector<double> train_stack(const std::string& strategy) {
-  Accelerator acc(with(strategy));
+std::vector<double> train_stack(const std::string& strategy, bool sharded_init = false) {
+  Options o = with(strategy);
+  if (sharded_init) o.set = {{"sharded_init", "true"}};
+  Accelerator acc(o);
   torch::manual_seed(3);
   auto net = std::make_shared<StackImpl>();
+  if (sharded_init) {  // built sharded: the units' parameters hold nothing, the root's are whole
+    EXPECT_EQ(net->b1->gate.numel(), 0);
+    EXPECT_EQ(net->b2->inner->parameters().at(0).numel(), 0);
+    EXPECT_EQ(net->head->weight.numel(), 8 * 3);
+  }
   torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-2));
   auto [model, opt] = acc.prepare(net, adamw);
   torch::manual_seed(4);
@@ -234,6 +241,7 @@ void train_chain(const std::string& strategy, const std::string& comm, const std
         Accelerator acc(o);
         torch::manual_seed(0);
         auto net = std::make_shared<ChainImpl>();
+        const int64_t built_numel = net->fc2->weight.numel();  // 0 when built sharded
         torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-2));
         auto [model, opt] = acc.prepare(net, adamw);
         torch::manual_seed(1 + acc.process_index());
@@ -249,7 +257,7 @@ void train_chain(const std::string& strategy, const std::string& comm, const std
           std::vector<torch::Tensor> saved;
           for (auto& [name, t] : state) saved.push_back(t.clone());
           saved.push_back(torch::tensor({static_cast<int64_t>(m.peak_params), static_cast<int64_t>(m.peak_grads),
-                                         static_cast<int64_t>(m.grads)}));
+                                         static_cast<int64_t>(m.grads), built_numel}));
           torch::save(saved, out.string());
         }
       },
@@ -326,5 +334,76 @@ TEST(Units, ActivationCheckpointingEndsWithTheSameWeightsUnderEveryStrategy) {
     torch::load(b, ckpt.string());
     ASSERT_EQ(a.size(), b.size()) << s;
     for (size_t i = 0; i + 1 < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << s << ": parameter " << i;
+  }
+}
+
+// Models built without their full weights (sharded_init; DeepSpeed's zero3_init_flag and FSDP's
+// fsdp_cpu_ram_efficient_loading set it): each unit keeps only this rank's shard once built,
+// and the run then trains bitwise as the model built whole.
+TEST(Units, ShardedInitBuildsEachUnitShardedAndTrainsAsTheWholeModel) {
+  hasten::test::TempDir dir;
+  const auto path = [&](const std::string& tag) { return dir.path() / (tag + ".pt"); };
+  train_chain("ddp", "shm", path("ddp"));
+  train_chain("zero3", "shm", path("zero3"));
+  train_chain("zero3", "shm", path("zero3-init"), "", {{"deepspeed_config.zero3_init_flag", "true"}});
+  train_chain("zero3", "gloo", path("zero3-init-gloo"), "", {{"sharded_init", "true"}});
+  train_chain("fsdp", "shm", path("fsdp-init"), "", {{"fsdp_config.fsdp_cpu_ram_efficient_loading", "true"}});
+  // Below stage 3 parameters are whole at rest: units are built whole (with a warning).
+  train_chain("zero2", "shm", path("zero2-init"), "", {{"deepspeed_config.zero3_init_flag", "true"}});
+  std::map<std::string, std::vector<torch::Tensor>> r;
+  for (const char* tag : {"ddp", "zero3", "zero3-init", "zero3-init-gloo", "fsdp-init", "zero2-init"})
+    torch::load(r[tag], path(tag).string());
+  const size_t n = r["ddp"].size() - 1;
+  for (const char* tag : {"zero3", "zero3-init", "zero3-init-gloo", "fsdp-init", "zero2-init"}) {
+    ASSERT_EQ(r[tag].size(), n + 1) << tag;
+    for (size_t i = 0; i < n; ++i) EXPECT_TRUE(torch::equal(r[tag][i], r["ddp"][i])) << tag << ": parameter " << i;
+  }
+  const auto built_numel = [&](const char* tag) { return r[tag][n][3].item<int64_t>(); };
+  EXPECT_EQ(built_numel("zero3"), 32 * 64);
+  EXPECT_EQ(built_numel("zero2-init"), 32 * 64);
+  for (const char* tag : {"zero3-init", "zero3-init-gloo", "fsdp-init"}) EXPECT_EQ(built_numel(tag), 0) << tag;
+  // Peaks of full parameters are the same: one unit gathered at a time.
+  EXPECT_EQ(r["zero3-init"][n][0].item<int64_t>(), r["zero3"][n][0].item<int64_t>());
+}
+
+// Nested units (a unit inside a unit) and parameters no unit owns (the root's head, built
+// whole) on one process: the same losses as the model built whole.
+TEST(Units, ShardedInitKeepsNestedUnitsAndRootParameters) {
+  const auto reference = train_stack("single");
+  const auto losses = train_stack("zero3", /*sharded_init=*/true);
+  ASSERT_EQ(losses.size(), reference.size());
+  for (size_t i = 0; i < losses.size(); ++i) EXPECT_EQ(losses[i], train_stack("zero3")[i]) << "step " << i;
+  for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], reference[i], 1e-6) << "step " << i;
+}
+
+namespace {
+// A unit whose parameter is one an earlier unit already owns (a weight shared by two units).
+struct ScaleImpl : torch::nn::Module {
+  explicit ScaleImpl(torch::Tensor w) { weight = register_parameter("weight", std::move(w)); }
+  torch::Tensor forward(torch::Tensor x) { return x * weight; }
+  torch::Tensor weight;
+};
+TORCH_MODULE(Scale);
+struct TiedImpl : torch::nn::Module {
+  TiedImpl() {
+    a = register_module("a", hasten::Unit<torch::nn::Linear>(4, 4));
+    scale = register_module("scale", hasten::Unit<Scale>(a->bias));
+  }
+  hasten::Unit<torch::nn::Linear> a{nullptr};
+  hasten::Unit<Scale> scale{nullptr};
+};
+}  // namespace
+
+TEST(Units, ShardedInitRefusesAWeightSharedAcrossUnitsInOneLine) {
+  Options o = with("zero3");
+  o.set = {{"sharded_init", "true"}};
+  Accelerator acc(o);
+  try {
+    auto net = std::make_shared<TiedImpl>();
+    FAIL() << "expected an error";
+  } catch (const hasten::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("build this model whole"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
   }
 }

@@ -201,6 +201,7 @@ class Engine {
   void end_training();
 
  private:
+  friend void unit_built(torch::nn::Module& unit);  // sharded_build.cpp
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
