@@ -124,6 +124,7 @@ int run_training(const Args& a, hasten::Options options) {
   torch::set_num_threads(a.threads);
   hasten::set_blas_threads(a.threads);  // the BLAS's pool: MKL follows LibTorch's, an OpenBLAS has its own
   torch::manual_seed(a.seed);
+  const double start_rss_mb = hasten::workloads::rss_mb();  // the process before the model
   // Sharding strategies gather and free one encoder layer at a time; checkpointing recomputes
   // one at a time: the layers are units for both.
   const bool units = acc.strategy() == "zero" || acc.strategy() == "fsdp" || a.gradient_checkpointing;
@@ -290,6 +291,7 @@ int run_training(const Args& a, hasten::Options options) {
                              {"param_checksum", checksum},
                              {"gradient_checkpointing", a.gradient_checkpointing},
                              {"peak_rss_mb", hasten::workloads::peak_rss_mb()},
+                             {"rss_before_model_mb", start_rss_mb},
                              {"peak_rss_built_mb", built_rss_mb},
                              {"peak_rss_prepared_mb", prepared_rss_mb},
                              {"checkpoint", checkpoint},

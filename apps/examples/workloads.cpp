@@ -3,6 +3,9 @@
 #include <hasten/unit.hpp>
 
 #include <sys/resource.h>
+#include <unistd.h>
+
+#include <fstream>
 
 #include <cmath>
 #include <limits>
@@ -168,6 +171,13 @@ double peak_rss_mb() {
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
+}
+
+double rss_mb() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
 }
 
 }  // namespace hasten::workloads

@@ -81,5 +81,7 @@ torch::Tensor loss(const std::string& name, const torch::Tensor& logits, const t
 torch::optim::AdamWOptions optimizer_options();
 
 double peak_rss_mb();
+// The process's resident memory now (VmRSS), in MiB.
+double rss_mb();
 
 }  // namespace hasten::workloads

@@ -8,7 +8,12 @@
 #include "sharded_strategy.hpp"
 #include "storage_views.hpp"
 
+#include <algorithm>
 #include <utility>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 namespace hasten::sharded {
 
@@ -58,13 +63,22 @@ void ShardedStrategy::unit_built(torch::nn::Module& unit, const hasten_model_inf
   auto built_unit = std::make_unique<Built>();
   {
     torch::NoGradGuard no_grad;
-    u.flat = torch::empty({u.padded}, u.params.front().options().requires_grad(false).device(device_));
-    if (u.padded > u.numel) u.flat.narrow(0, u.numel, u.padded - u.numel).zero_();
-    for (size_t i = 0; i < u.params.size(); ++i)
-      u.flat.narrow(0, u.offsets[i], u.params[i].numel()).copy_(u.params[i].reshape(-1));
-    // Rank 0's values, as prepare_model broadcasts a model built whole.
-    sdk::broadcast_from_rank0(host(), {u.flat});
-    built_unit->master = make_master(u);
+    // Rank 0's values, as prepare_model broadcasts a model built whole; one parameter at a
+    // time, so the build holds no second copy of the unit.
+    for (auto& p : u.params) sdk::broadcast_from_rank0(host(), {p});
+    // This rank's piece of the unit's flat layout (materialize_unit's), padding zeroed, cut
+    // straight from the parameters.
+    const torch::Device to = shard_device();
+    built_unit->master = to.is_cpu() && !device_.is_cpu()
+                             ? torch::empty({u.shard}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true))
+                             : torch::empty({u.shard}, torch::TensorOptions().dtype(torch::kFloat).device(to));
+    built_unit->master.zero_();
+    const int64_t lo = static_cast<int64_t>(rank_) * u.shard, hi = lo + u.shard;
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      const int64_t begin = u.offsets[i], end = begin + u.params[i].numel();
+      const int64_t a = std::max(lo, begin), b = std::min(hi, end);
+      if (a < b) built_unit->master.narrow(0, a - lo, b - a).copy_(u.params[i].reshape(-1).narrow(0, a - begin, b - a));
+    }
     for (size_t i = 0; i < u.params.size(); ++i) {
       // The user's storage goes; the parameter keeps its identity (modules and optimizers
       // made before prepare refer to it), its dtype and its device.
@@ -72,6 +86,12 @@ void ShardedStrategy::unit_built(torch::nn::Module& unit, const hasten_model_inf
       built_params_[u.params[i].unsafeGetTensorImpl()] = {built_unit.get(), i};
     }
   }
+#if defined(__GLIBC__)
+  // LibTorch's CPU allocator takes a unit's parameters from glibc's heap once its mmap
+  // threshold has risen past their size; freed there they stay resident, and a model built
+  // unit by unit would still peak near its full size. Return them to the system now.
+  malloc_trim(0);
+#endif
   built_unit->params = std::move(u.params);
   built_unit->shapes = std::move(u.shapes);
   built_.push_back(std::move(built_unit));

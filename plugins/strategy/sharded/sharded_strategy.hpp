@@ -142,8 +142,7 @@ class ShardedStrategy final : public sdk::Strategy {
   };
   bool built(const torch::Tensor& param) const { return built_params_.count(param.unsafeGetTensorImpl()) != 0; }
   std::vector<int64_t> full_shape(const torch::Tensor& param) const;
-  // Keeps this rank's shard of a unit whose parameters are live in u.flat (master and, for
-  // stage 1, nothing else): shared by materialize_unit and unit_built.
+  // This rank's float32 master shard of a unit whose parameters are live in u.flat.
   torch::Tensor make_master(const Unit& u) const;
   // prepare_model's side: u's parameters were built sharded; gathers them once so the
   // gradient hooks see their shapes (one unit's memory, freed again by materialize_unit).
