@@ -11,10 +11,6 @@
 #include <algorithm>
 #include <utility>
 
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
-
 namespace hasten::sharded {
 
 using sdk::Error;
@@ -63,9 +59,9 @@ void ShardedStrategy::unit_built(torch::nn::Module& unit, const hasten_model_inf
   auto built_unit = std::make_unique<Built>();
   {
     torch::NoGradGuard no_grad;
-    // Rank 0's values, as prepare_model broadcasts a model built whole; one parameter at a
-    // time, so the build holds no second copy of the unit.
-    for (auto& p : u.params) sdk::broadcast_from_rank0(host(), {p});
+    // Rank 0's values, as prepare_model broadcasts a model built whole (in place, in small
+    // buckets: the build holds no second copy of the unit).
+    sdk::broadcast_from_rank0(host(), u.params);
     // This rank's piece of the unit's flat layout (materialize_unit's), padding zeroed, cut
     // straight from the parameters.
     const torch::Device to = shard_device();
@@ -86,12 +82,7 @@ void ShardedStrategy::unit_built(torch::nn::Module& unit, const hasten_model_inf
       built_params_[u.params[i].unsafeGetTensorImpl()] = {built_unit.get(), i};
     }
   }
-#if defined(__GLIBC__)
-  // LibTorch's CPU allocator takes a unit's parameters from glibc's heap once its mmap
-  // threshold has risen past their size; freed there they stay resident, and a model built
-  // unit by unit would still peak near its full size. Return them to the system now.
-  malloc_trim(0);
-#endif
+  return_freed_memory();
   built_unit->params = std::move(u.params);
   built_unit->shapes = std::move(u.shapes);
   built_.push_back(std::move(built_unit));

@@ -166,6 +166,7 @@ void ShardedStrategy::materialize_unit(Model& m, uint32_t k) {
   // Only now: the AccumulateGrad node records the parameter's shape when it is created.
   if (options_.stage >= 2) free_grads(u);
   if (options_.stage == 3) free_params(u);
+  return_freed_memory();  // the user's storage of the unit, now in u.flat or shards
 }
 
 void ShardedStrategy::prepare_optimizer(torch::optim::Optimizer& optimizer) {

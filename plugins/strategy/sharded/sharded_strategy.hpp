@@ -158,6 +158,7 @@ class ShardedStrategy final : public sdk::Strategy {
   void storage_alloc(const torch::Tensor& flat, size_t nbytes);
   torch::Tensor pooled_empty(int64_t n, const torch::TensorOptions& options);
   void free_params(Unit& u);
+  static void return_freed_memory();  // the user's storage a unit replaced, back to the system
   void begin_gather(Unit& u);
   void prefetch_neighbour(Model& m, uint32_t unit, int step);
   void finish_gather(Unit& u);

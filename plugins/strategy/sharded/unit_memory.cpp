@@ -8,6 +8,10 @@
 
 #include <algorithm>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 namespace hasten::sharded {
 
 using sdk::Error;
@@ -41,6 +45,15 @@ void ShardedStrategy::storage_alloc(const torch::Tensor& flat, size_t nbytes) {
   c10::StorageImpl* s = flat.storage().unsafeGetStorageImpl();
   s->set_data_ptr_noswap(flat.device().is_cpu() ? pool_.take(s->allocator(), nbytes) : s->allocator()->allocate(nbytes));
   s->set_nbytes(nbytes);
+}
+
+// LibTorch's CPU allocator takes blocks of a unit's parameter sizes from glibc's heap once its
+// mmap threshold has risen past them; freed there they stay resident, and a model moved (or
+// built) unit by unit would still peak near its full size. Hands them back to the system.
+void ShardedStrategy::return_freed_memory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
 }
 
 void ShardedStrategy::free_params(Unit& u) {

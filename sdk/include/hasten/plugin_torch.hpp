@@ -141,25 +141,46 @@ inline torch::Device torch_device(const DLDevice& d) {
                                   : torch::Device(torch::kCPU);
 }
 
-// Gives every rank rank 0's values of `tensors`, in place: one host broadcast per (dtype,
-// device) over a flat copy, in an order that is the same on every rank. Strategies call it at
-// prepare so that all ranks start from the same weights. Collective.
+// Gives every rank rank 0's values of `tensors`, in place: host broadcasts per (dtype,
+// device), of buckets of at most 16 MiB (a larger tensor alone and in place), in an order
+// that is the same on every rank, so a model's broadcast holds no second copy of the model.
+// Strategies call it at prepare so that all ranks start from the same weights. Collective.
 inline void broadcast_from_rank0(const hasten_host_api* host, const std::vector<at::Tensor>& tensors) {
+  constexpr size_t kBucketBytes = size_t{16} << 20;
   at::NoGradGuard no_grad;
   std::map<std::string, std::vector<at::Tensor>> groups;
-  for (auto& t : tensors) groups[std::string(c10::toString(t.scalar_type())) + "@" + t.device().str()].push_back(t);
+  for (auto& t : tensors)
+    if (t.numel() > 0) groups[std::string(c10::toString(t.scalar_type())) + "@" + t.device().str()].push_back(t);
   for (auto& [key, group] : groups) {
-    std::vector<at::Tensor> parts;
-    for (auto& t : group) parts.push_back(t.reshape(-1));
-    at::Tensor flat = at::cat(parts);
-    DLTensor v = dl_view(flat);
-    check(host, host->broadcast(host, &v, 0, nullptr, nullptr), "broadcast of rank 0's weights");
-    int64_t offset = 0;
+    std::vector<at::Tensor> bucket;
+    size_t bytes = 0;
+    const auto flush = [&] {
+      if (bucket.size() == 1 && bucket.front().is_contiguous()) {
+        DLTensor v = dl_view(bucket.front());
+        check(host, host->broadcast(host, &v, 0, nullptr, nullptr), "broadcast of rank 0's weights");
+      } else if (!bucket.empty()) {
+        std::vector<at::Tensor> parts;
+        for (auto& t : bucket) parts.push_back(t.reshape(-1));
+        at::Tensor flat = at::cat(parts);
+        DLTensor v = dl_view(flat);
+        check(host, host->broadcast(host, &v, 0, nullptr, nullptr), "broadcast of rank 0's weights");
+        int64_t offset = 0;
+        for (auto& t : bucket) {
+          at::Tensor piece = flat.narrow(0, offset, t.numel()).view_as(t);
+          t.copy_(piece);  // in-place ops are const on the handle: the storage is shared
+          offset += t.numel();
+        }
+      }
+      bucket.clear();
+      bytes = 0;
+    };
     for (auto& t : group) {
-      at::Tensor piece = flat.narrow(0, offset, t.numel()).view_as(t);
-      t.copy_(piece);  // in-place ops are const on the handle: the storage is shared
-      offset += t.numel();
+      const size_t n = t.numel() * t.element_size();
+      if (!bucket.empty() && bytes + n > kBucketBytes) flush();
+      bucket.push_back(t);
+      bytes += n;
     }
+    flush();
   }
 }
 
