@@ -69,7 +69,7 @@ Eval evaluate(hasten::Accelerator& acc, Model& model, Loader& loader) {
   double sum = 0;
   int64_t count = 0;
   for (auto& b : loader) {
-    const auto x = b.input.t(), y = b.target.t();  // sequence-first, as gpt-tiny takes it
+    const auto x = b["input_ids"].t(), y = b["labels"].t();  // sequence-first, as gpt-tiny takes it
     auto logits = model(x);
     auto per_token = F::cross_entropy(logits.reshape({-1, kVocab}), y.reshape(-1),
                                       F::CrossEntropyFuncOptions().reduction(torch::kNone));
@@ -144,12 +144,10 @@ int run_training(const Args& a, hasten::Options options) {
   torch::optim::AdamW adamw(std::move(groups), torch::optim::AdamWOptions(a.lr).weight_decay(a.weight_decay));
 
   using torch::indexing::Slice;
-  hasten::DataLoader train_data(
-      hasten::TensorDataset(train_windows.index({Slice(), Slice(0, -1)}), train_windows.index({Slice(), Slice(1)})),
-      {.batch_size = a.batch_size, .shuffle = true, .seed = a.seed, .num_workers = a.num_workers});
-  hasten::DataLoader val_data(
-      hasten::TensorDataset(val_windows.index({Slice(), Slice(0, -1)}), val_windows.index({Slice(), Slice(1)})),
-      {.batch_size = a.eval_batch_size, .num_workers = a.num_workers});
+  // Batches of named tensors: input_ids and labels (the next byte of each position).
+  hasten::DataLoader train_data(ex::TokenWindows(train_windows),
+                                {.batch_size = a.batch_size, .shuffle = true, .seed = a.seed, .num_workers = a.num_workers});
+  hasten::DataLoader val_data(ex::TokenWindows(val_windows), {.batch_size = a.eval_batch_size, .num_workers = a.num_workers});
   // Recompute each transformer block's activations in backward instead of keeping them.
   if (a.gradient_checkpointing) acc.checkpoint_activations(net);  // hasten
   // High-water marks of the process: the model built (whole, or sharded under sharded_init),
@@ -216,7 +214,7 @@ int run_training(const Args& a, hasten::Options options) {
     auto t_train = std::chrono::steady_clock::now();
     for (auto& batch : train_loader) {
       auto scope = acc.accumulate(model);  // hasten
-      const auto x = batch.input.t(), y = batch.target.t();
+      const auto x = batch["input_ids"].t(), y = batch["labels"].t();
       auto loss = lm_loss(model(x), y);  // the prepared model's forward runs under bf16 autocast
       acc.backward(loss);  // hasten: instead of loss.backward(); divides by the window's length
       loss_sum += loss.item<double>(), ++micro;

@@ -125,6 +125,20 @@ torch::Tensor byte_windows(const std::string& text, int64_t context, int64_t max
   return out;
 }
 
+hasten::Batch TokenWindows::get_batch(const std::vector<int64_t>& indices) const {
+  const auto n = static_cast<int64_t>(indices.size());
+  bool consecutive = n > 0;
+  for (int64_t i = 1; i < n && consecutive; ++i) consecutive = indices[i] == indices[0] + i;
+  const torch::Tensor rows = consecutive ? windows_.narrow(0, indices[0], n)
+                                         : windows_.index_select(0, torch::tensor(indices, torch::kLong));
+  const int64_t context = windows_.size(1) - 1;
+  hasten::Batch b;
+  b.fields["input_ids"] = rows.narrow(1, 0, context);
+  b.fields["labels"] = rows.narrow(1, 1, context);
+  b.indices = torch::tensor(indices, torch::kLong);
+  return b;
+}
+
 double unigram_entropy(const std::string& text) {
   std::array<int64_t, 256> counts{};
   for (unsigned char ch : text) ++counts[ch];

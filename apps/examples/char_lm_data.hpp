@@ -3,6 +3,8 @@
 // lines holding only `%`), split into training and held-out fortunes.
 #pragma once
 
+#include <hasten/batch.hpp>
+
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -49,6 +51,19 @@ Corpus load_fortunes(const std::string& dir, const std::vector<std::string>& nam
 // first is predicted once), as int64 tokens (the byte values, vocabulary 256). Shape
 // [windows, context + 1]; `max_windows` > 0 keeps that many, evenly spaced over the text.
 torch::Tensor byte_windows(const std::string& text, int64_t context, int64_t max_windows = 0);
+
+// byte_windows as a language model's batches of named tensors: "input_ids" (each window's
+// first context bytes) and "labels" (its last context: the byte after each position).
+// Consecutive indices are views, as TensorDataset's.
+class TokenWindows {
+ public:
+  explicit TokenWindows(torch::Tensor windows) : windows_(std::move(windows)) {}
+  size_t size() const { return static_cast<size_t>(windows_.size(0)); }
+  hasten::Batch get_batch(const std::vector<int64_t>& indices) const;
+
+ private:
+  torch::Tensor windows_;
+};
 
 // Entropy in nats per byte of the bytes' frequencies in `text`: the loss of the best model that
 // ignores context.

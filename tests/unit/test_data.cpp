@@ -222,3 +222,135 @@ TEST(DataLoaderWorkers, OptionsAreChecked) {
   o.prefetch_factor = 0;
   refused(o, "prefetch_factor must be from 1 to 1024, got 0");
 }
+
+namespace named_tests {
+
+// Token sequences of different lengths as named tensors, as a language-model dataset gives
+// them: sample i has i % 5 + 1 tokens, all equal to i.
+struct Sequences {
+  int64_t n = 23;
+  size_t size() const { return static_cast<size_t>(n); }
+  hasten::TensorDict get(size_t i) const {
+    const auto len = static_cast<int64_t>(i % 5 + 1);
+    auto ids = torch::full({len}, static_cast<int64_t>(i));
+    return {{"input_ids", ids}, {"labels", ids + 1}};
+  }
+};
+
+// Pads every sequence to the batch's longest (-100 in labels, as Hugging Face's collators do)
+// and adds the attention mask.
+hasten::Batch pad_to_longest(std::vector<hasten::TensorDict> samples) {
+  int64_t longest = 0;
+  for (auto& s : samples) longest = std::max(longest, s.at("input_ids").size(0));
+  const auto n = static_cast<int64_t>(samples.size());
+  hasten::Batch b;
+  b.fields["input_ids"] = torch::zeros({n, longest}, torch::kLong);
+  b.fields["attention_mask"] = torch::zeros({n, longest}, torch::kLong);
+  b.fields["labels"] = torch::full({n, longest}, -100, torch::kLong);
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t len = samples[k].at("input_ids").size(0);
+    b.fields["input_ids"][k].narrow(0, 0, len).copy_(samples[k].at("input_ids"));
+    b.fields["labels"][k].narrow(0, 0, len).copy_(samples[k].at("labels"));
+    b.fields["attention_mask"][k].narrow(0, 0, len).fill_(1);
+  }
+  return b;
+}
+
+// Fixed-length samples: stacked without a collate function.
+struct Pairs {
+  size_t size() const { return 10; }
+  hasten::TensorDict get(size_t i) const {
+    return {{"x", torch::full({2}, static_cast<float>(i))}, {"y", torch::tensor(static_cast<int64_t>(i))}};
+  }
+};
+
+}  // namespace named_tests
+
+TEST(NamedBatches, SamplesOfNamedTensorsAreStackedByName) {
+  hasten::DataLoader loader(named_tests::Pairs{}, {.batch_size = 4});
+  std::vector<int64_t> seen;
+  for (auto& b : loader) {
+    EXPECT_EQ(b["x"].size(1), 2);
+    EXPECT_TRUE(torch::equal(b["x"].select(1, 0).to(torch::kLong), b["y"]));
+    EXPECT_TRUE(torch::equal(b["y"], b.indices));
+    EXPECT_EQ(b.size(), b["y"].size(0));
+    EXPECT_FALSE(b.input.defined());
+    for (auto i : std::vector<int64_t>(b.indices.data_ptr<int64_t>(), b.indices.data_ptr<int64_t>() + b.size()))
+      seen.push_back(i);
+  }
+  EXPECT_EQ(seen.size(), 10u);
+  hasten::DataLoader again(named_tests::Pairs{}, {.batch_size = 4});
+  try {
+    (void)(*again.begin())["input_ids"];
+    FAIL() << "expected an error";
+  } catch (const hasten::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("no field 'input_ids' (it has 'x', 'y')"), std::string::npos) << e.what();
+  }
+}
+
+TEST(NamedBatches, ACollateFunctionPadsAndBatchesAreTheSameForAnyNumberOfWorkers) {
+  auto epoch = [](int workers) {
+    hasten::DataLoaderOptions o;
+    o.batch_size = 4;
+    o.shuffle = true;
+    o.seed = 5;
+    o.num_workers = workers;
+    o.collate = named_tests::pad_to_longest;
+    hasten::DataLoader loader(named_tests::Sequences{}, o);
+    std::vector<hasten::Batch> out;
+    for (auto& b : loader) out.push_back(b);
+    return out;
+  };
+  const auto one = epoch(0);
+  ASSERT_EQ(one.size(), 6u);
+  for (auto& b : one) {
+    const auto lengths = b["attention_mask"].sum(1);
+    for (int64_t k = 0; k < b.size(); ++k) {
+      const int64_t i = b.indices[k].item<int64_t>();
+      EXPECT_EQ(lengths[k].item<int64_t>(), i % 5 + 1) << "sample " << i;
+      EXPECT_EQ(b["input_ids"][k][0].item<int64_t>(), i);
+    }
+    EXPECT_EQ(b["input_ids"].size(1), lengths.max().item<int64_t>());  // padded to the longest
+  }
+  for (int workers : {1, 3}) {
+    const auto got = epoch(workers);
+    ASSERT_EQ(got.size(), one.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      for (const char* name : {"input_ids", "attention_mask", "labels"})
+        EXPECT_TRUE(torch::equal(got[i][name], one[i][name])) << workers << " workers, batch " << i << ", " << name;
+  }
+}
+
+TEST(NamedBatches, WhatCannotBeBatchedIsOneClearError) {
+  auto first_error = [](hasten::DataLoaderOptions o) -> std::string {
+    try {
+      hasten::DataLoader loader(named_tests::Sequences{}, o);
+      for (auto& b : loader) (void)b;
+    } catch (const hasten::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  hasten::DataLoaderOptions o;
+  o.batch_size = 4;
+  EXPECT_NE(first_error(o).find("field 'input_ids' of the samples 0..3 has different shapes and cannot be stacked "
+                                "(give a collate function"),
+            std::string::npos);
+  o.collate = [](std::vector<hasten::TensorDict> samples) {
+    hasten::Batch b;
+    b.fields["input_ids"] = samples.front().at("input_ids");  // one sample's tokens, not the batch's
+    return b;
+  };
+  EXPECT_NE(first_error(o).find("the collate function's field 'input_ids' does not hold the batch's 4 samples "
+                                "along dim 0 (it has 1)"),
+            std::string::npos);
+  try {
+    hasten::DataLoader loader(hasten::TensorDataset(torch::zeros({4, 2}), torch::zeros({4})),
+                              {.batch_size = 2, .collate = named_tests::pad_to_longest});
+    FAIL() << "collate on a get_batch dataset was accepted";
+  } catch (const hasten::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("collate applies to map-style datasets whose get(size_t) returns a sample"),
+              std::string::npos)
+        << e.what();
+  }
+}

@@ -8,11 +8,18 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace hasten {
+
+// One sample as named tensors (input_ids, attention_mask, labels, ...): what a dataset's
+// get(size_t) may return instead of a torch::data::Example<>, and what a collate function takes.
+using TensorDict = std::map<std::string, torch::Tensor>;
 
 // One batch. Samples past `size() - num_padding` repeat earlier samples of the epoch: they
 // pad the last round so every process gets the same number of full batches (even_batches),
@@ -20,10 +27,16 @@ namespace hasten {
 struct Batch {
   torch::Tensor input;
   torch::Tensor target;
+  // Named tensors, samples along dim 0: a dataset whose get returns a TensorDict fills these (each
+  // name stacked), as a collate function or a get_batch may.
+  std::map<std::string, torch::Tensor> fields;
   torch::Tensor indices;  // int64 dataset indices of the samples
   int64_t num_padding = 0;
 
-  int64_t size() const { return indices.defined() ? indices.size(0) : input.size(0); }
+  // fields.at(name), or hasten::UsageError naming the fields the batch has.
+  const torch::Tensor& operator[](const std::string& name) const;
+
+  int64_t size() const;
   // The non-padding samples, as a boolean mask over dim 0.
   torch::Tensor real_mask() const;
   Batch to(const torch::Device& device, bool non_blocking = false) const;
@@ -75,6 +88,13 @@ struct DataLoaderOptions {
   // Copy batches to a CUDA device with non_blocking (Accelerate's non_blocking; with
   // pin_memory the copy overlaps the computation).
   bool non_blocking = false;
+  // PyTorch's collate_fn: makes one batch of the samples a dataset's get(size_t) returns (a
+  // TensorDict, or a torch::data::Example<> passed as {"input": data, "target": target}), e.g. to
+  // pad sequences of different lengths. Every tensor of the batch it returns must hold the
+  // samples along dim 0; the loader sets its indices and padding. Unset: each tensor is
+  // stacked. Map-style datasets with get(size_t) only (not get_batch, LibTorch's or streams);
+  // on worker threads with num_workers.
+  std::function<Batch(std::vector<TensorDict> samples)> collate = nullptr;
 };
 
 // A prepared loader's position (PreparedDataLoader::state_dict): the epoch its next iteration

@@ -3,7 +3,9 @@
 // A dataset is either hasten-style: any type with `size()` (size_t or std::optional<size_t>)
 // and either
 //   Batch get_batch(const std::vector<int64_t>& indices) const   // fast path, or
-//   torch::data::Example<> get(size_t index)                     // collated by stacking,
+//   torch::data::Example<> get(size_t index)                     // collated by stacking, or
+//   hasten::TensorDict get(size_t index)     // named tensors: each name stacked into Batch::fields,
+// the last two through DataLoaderOptions::collate when one is given (PyTorch's collate_fn),
 // or one of LibTorch's map-style datasets: torch::data::datasets::MNIST, a user's
 // `struct MyData : torch::data::datasets::Dataset<MyData>`, and their .map(...) with
 // transforms such as Normalize<> and Stack<>. LibTorch's are fetched with
@@ -22,6 +24,10 @@
 //   hasten::DataLoader loader(hasten::TensorDataset(x, y), {.batch_size = 32, .shuffle = true});
 //   auto prepared = acc.prepare(loader);
 //   for (auto& batch : prepared) { batch.input; batch.target; }       // hasten::Batch
+//
+//   struct Tokens { size_t size() const; hasten::TensorDict get(size_t i) const; };  // {"input_ids", "labels"}
+//   hasten::DataLoader lm(Tokens{...}, {.batch_size = 8, .collate = pad_to_longest});
+//   for (auto& batch : acc.prepare(lm)) { batch["input_ids"]; batch["labels"]; }
 //
 //   using namespace torch::data;
 //   hasten::DataLoader mnist(datasets::MNIST(dir).map(transforms::Normalize<>(0.1307, 0.3081))
@@ -69,7 +75,7 @@ class DataLoader {
                     detail::is_hasten_dataset_v<Dataset> || detail::is_stream_dataset_v<Dataset>,
                 "hasten::DataLoader needs a dataset: a LibTorch map-style dataset, a type with "
                 "size() and either `hasten::Batch get_batch(const std::vector<int64_t>&) const` or "
-                "`torch::data::Example<> get(size_t)`, or a stream with "
+                "`torch::data::Example<> get(size_t)` (or `hasten::TensorDict get(size_t)`), or a stream with "
                 "`std::optional<torch::data::Example<>> next()` and `void reset()`");
 
  public:
@@ -77,7 +83,12 @@ class DataLoader {
   using batch_type = detail::batch_t<Dataset>;
 
   explicit DataLoader(Dataset dataset, DataLoaderOptions options = {})
-      : dataset_(std::make_shared<Dataset>(std::move(dataset))), options_(options) {}
+      : dataset_(std::make_shared<Dataset>(std::move(dataset))), options_(std::move(options)) {
+    if (options_.collate && !detail::takes_collate_v<Dataset>)
+      throw UsageError(std::string("hasten::DataLoader: collate applies to map-style datasets whose get(size_t) returns "
+                                   "a sample; this dataset makes its batches itself (") +
+                       (detail::is_stream_dataset_v<Dataset> ? "a stream dataset" : "get_batch") + ")");
+  }
 
   Dataset& dataset() { return *dataset_; }
   const Dataset& dataset() const { return *dataset_; }

@@ -55,6 +55,9 @@ class PreparedDataLoader {
       engine->loader_at(id, batch, n, padding);
     };
     using Plain = detail::loader_iterator_t<Dataset>;
+    if (plan.dispatch && reading_.collate)
+      throw UsageError("dispatch_batches: rank 0 broadcasts a batch's input and target only, and this loader has a "
+                       "collate function; set dispatch_batches false for it (each rank then reads its own samples)");
     if (plan.dispatch)
       return detail::DispatchIterator<Dataset>(dataset_, engine_, std::move(plan), device_, std::move(observer),
                                                std::move(session));

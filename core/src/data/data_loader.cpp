@@ -37,7 +37,22 @@ Batch Batch::to(const torch::Device& device, bool non_blocking) const {
   Batch b = *this;
   b.input = moved(b.input, device, non_blocking);
   b.target = moved(b.target, device, non_blocking);
+  for (auto& [name, t] : b.fields) t = moved(t, device, non_blocking);
   return b;
+}
+
+int64_t Batch::size() const {
+  if (indices.defined()) return indices.size(0);
+  if (input.defined()) return input.size(0);
+  return fields.empty() ? 0 : fields.begin()->second.size(0);
+}
+
+const torch::Tensor& Batch::operator[](const std::string& name) const {
+  const auto it = fields.find(name);
+  if (it != fields.end()) return it->second;
+  std::string names;
+  for (const auto& [key, t] : fields) names += (names.empty() ? "'" : ", '") + key + "'";
+  throw UsageError("Batch: no field '" + name + "' (" + (names.empty() ? std::string("it has no named fields") : "it has " + names) + ")");
 }
 
 namespace {
@@ -71,6 +86,7 @@ Batch Batch::pin_memory() const {
   Batch b = *this;
   b.input = pinned(b.input);
   b.target = pinned(b.target);
+  for (auto& [name, t] : b.fields) t = pinned(t);
   return b;
 }
 
@@ -146,6 +162,56 @@ Batch collate(std::vector<torch::data::Example<>> examples, const std::vector<in
   b.input = std::move(stacked.data);
   b.target = std::move(stacked.target);
   b.indices = torch::tensor(indices, torch::kLong);
+  return b;
+}
+
+TensorDict as_sample(torch::data::Example<> example) {
+  TensorDict s{{"input", std::move(example.data)}};
+  if (example.target.defined()) s.emplace("target", std::move(example.target));
+  return s;
+}
+
+Batch collate_samples(std::vector<TensorDict> samples, const std::vector<int64_t>& indices,
+                      const std::function<Batch(std::vector<TensorDict>)>& collate) {
+  const int64_t n = static_cast<int64_t>(samples.size());
+  Batch b;
+  if (collate) {
+    b = collate(std::move(samples));
+  } else {
+    // Every sample names the same tensors; each name is stacked.
+    for (size_t k = 1; k < samples.size(); ++k) {
+      bool same = samples[k].size() == samples[0].size();
+      for (auto a = samples[k].begin(), z = samples[0].begin(); same && a != samples[k].end(); ++a, ++z)
+        same = a->first == z->first;
+      if (!same)
+        throw Error("DataLoader: sample " + std::to_string(indices[k]) + " names other tensors than sample " +
+                    std::to_string(indices[0]) + " of the same batch (give a collate function to batch them)");
+    }
+    if (!samples.empty())
+      for (auto& [name, first] : samples[0]) {
+        std::vector<torch::Tensor> parts;
+        parts.reserve(samples.size());
+        for (auto& s : samples) parts.push_back(s.at(name));
+        try {
+          b.fields[name] = torch::stack(parts);
+        } catch (const c10::Error&) {
+          throw Error("DataLoader: field '" + name + "' of the samples " + std::to_string(indices.front()) + ".." +
+                      std::to_string(indices.back()) + " has different shapes and cannot be stacked (give a collate "
+                      "function, e.g. one that pads them)");
+        }
+      }
+  }
+  // Padding, gather_for_metrics and dispatch slice batches along dim 0.
+  const auto check = [&](const std::string& what, const torch::Tensor& t) {
+    if (t.defined() && (t.dim() == 0 || t.size(0) != n))
+      throw Error("DataLoader: the collate function's " + what + " does not hold the batch's " + std::to_string(n) +
+                  " samples along dim 0" + (t.dim() == 0 ? " (a scalar)" : " (it has " + std::to_string(t.size(0)) + ")"));
+  };
+  check("input", b.input);
+  check("target", b.target);
+  for (const auto& [name, t] : b.fields) check("field '" + name + "'", t);
+  b.indices = torch::tensor(indices, torch::kLong);
+  b.num_padding = 0;
   return b;
 }
 

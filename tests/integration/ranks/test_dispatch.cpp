@@ -383,4 +383,92 @@ TEST(SkipFirstBatches, UnpreparedStream) {
   EXPECT_TRUE(got.empty());
 }
 
+// ---- batches of named tensors on 2 ranks --------------------------------------------------
+
+namespace {
+// Samples of different lengths as named tensors: sample i has i % 3 + 1 tokens equal to i.
+struct Tokens {
+  int64_t n = 11;
+  size_t size() const { return static_cast<size_t>(n); }
+  hasten::TensorDict get(size_t i) const {
+    auto ids = torch::full({static_cast<int64_t>(i % 3 + 1)}, static_cast<int64_t>(i));
+    return {{"input_ids", ids}, {"length", torch::tensor(ids.size(0))}};
+  }
+};
+hasten::Batch pad(std::vector<hasten::TensorDict> samples) {
+  int64_t longest = 0;
+  for (auto& s : samples) longest = std::max(longest, s.at("input_ids").size(0));
+  hasten::Batch b;
+  b.fields["input_ids"] = torch::full({static_cast<int64_t>(samples.size()), longest}, int64_t{-1});
+  std::vector<torch::Tensor> lengths;
+  for (size_t k = 0; k < samples.size(); ++k) {
+    b.fields["input_ids"][static_cast<int64_t>(k)].narrow(0, 0, samples[k].at("input_ids").size(0)).copy_(
+        samples[k].at("input_ids"));
+    lengths.push_back(samples[k].at("length"));
+  }
+  b.fields["length"] = torch::stack(lengths);
+  return b;
+}
+}  // namespace
+
+// A loader of named tensors with a collate function, prepared on 2 ranks: each rank gets its
+// shard of the global order, the last round is padded (even_batches) and gather_for_metrics
+// returns every sample once, in order; skip_first_batches and a loader's saved position resume
+// where they should; dispatch_batches, which broadcasts input and target only, is refused.
+TEST(NamedBatches, AreShardedPaddedGatheredSkippedAndResumedOnTwoRanks) {
+  hasten::launch(
+      [] {
+        {
+        Accelerator acc;
+        auto loader = acc.prepare(hasten::DataLoader(Tokens{}, {.batch_size = 2, .shuffle = true, .seed = 4,
+                                                              .num_workers = 2, .collate = pad}));
+        Lists mine;
+        std::vector<int64_t> gathered;
+        for (auto& b : loader) {
+          mine.push_back(to_vector(b.indices));
+          for (int64_t k = 0; k < b.size(); ++k) {
+            const int64_t i = b.indices[k].item<int64_t>();
+            require(b["length"][k].item<int64_t>() == i % 3 + 1 && b["input_ids"][k][0].item<int64_t>() == i,
+                    "sample " + std::to_string(i) + " is in its row");
+          }
+          // Each rank pads to its own longest: gather a column every rank has (or pad_across_processes).
+          for (auto i : to_vector(acc.gather_for_metrics(b["input_ids"].select(1, 0).contiguous()))) gathered.push_back(i);
+        }
+        // 11 samples, 2 per rank per round: 3 rounds, the last one padded by one sample.
+        require(mine.size() == 3 && loader.size() == 3, "3 batches on each rank, got " + str(mine));
+        std::vector<int64_t> sorted = gathered;
+        std::sort(sorted.begin(), sorted.end());
+        require(sorted == to_vector(torch::arange(11)), "gather_for_metrics: every sample once, got " + str(gathered));
+        // The same epoch again, skipping one batch: the rest of this rank's batches.
+        loader.set_epoch(0);
+        Lists rest;
+        for (auto& b : hasten::skip_first_batches(loader, 1)) rest.push_back(to_vector(b.indices));
+        require(rest == Lists(mine.begin() + 1, mine.end()), "skip_first_batches: " + str(rest) + " vs " + str(mine));
+        // A position saved after the first batch resumes at the second.
+        loader.set_epoch(0);
+        hasten::LoaderState saved;
+        for (auto& b : loader) {
+          (void)b;
+          saved = loader.state_dict();
+          break;
+        }
+        loader.load_state_dict(saved);
+        Lists resumed;
+        for (auto& b : loader) resumed.push_back(to_vector(b.indices));
+        require(resumed == Lists(mine.begin() + 1, mine.end()), "resumed: " + str(resumed));
+        }
+        hasten::Options o;
+        o.dispatch_batches = true;
+        Accelerator central(o);
+        auto dispatched = central.prepare(hasten::DataLoader(Tokens{}, {.batch_size = 2, .collate = pad}));
+        try {
+          for (auto& b : dispatched) (void)b;
+          require(false, "dispatch_batches with a collate function was accepted");
+        } catch (const hasten::UsageError& e) {
+          require(std::string(e.what()).find("set dispatch_batches false for it") != std::string::npos, e.what());
+        }
+      },
+      with_ranks(2));
+}
+
 }  // namespace dispatch_tests

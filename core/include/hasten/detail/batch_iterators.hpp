@@ -48,9 +48,15 @@ ExampleBatch collate_examples(std::vector<torch::data::Example<>> examples,
                               const std::vector<int64_t>& indices);
 // A batch already stacked (by Stack<> or the dataset's own get_batch).
 ExampleBatch example_batch(torch::data::Example<> stacked, const std::vector<int64_t>& indices);
+// Samples of named tensors into a batch: the user's collate, or each name stacked; checks that
+// every tensor holds the samples along dim 0 (naming the sample or field that does not).
+Batch collate_samples(std::vector<TensorDict> samples, const std::vector<int64_t>& indices,
+                      const std::function<Batch(std::vector<TensorDict>)>& collate);
+TensorDict as_sample(torch::data::Example<> example);  // {"input": data, "target": target}
 
 template <class Dataset>
-batch_t<Dataset> fetch(Dataset& dataset, const std::vector<int64_t>& indices) {
+batch_t<Dataset> fetch(Dataset& dataset, const std::vector<int64_t>& indices,
+                       const std::function<Batch(std::vector<TensorDict>)>& collate = {}) {
   if constexpr (is_torch_map_dataset<Dataset>::value) {
     const std::vector<size_t> request(indices.begin(), indices.end());  // LibTorch's index type
     auto out = dataset.get_batch(c10::ArrayRef<size_t>(request));
@@ -68,13 +74,26 @@ batch_t<Dataset> fetch(Dataset& dataset, const std::vector<int64_t>& indices) {
     return {};  // refused by DataLoader's static_assert; nothing more to report
   } else if constexpr (has_get_batch<Dataset>::value) {
     return dataset.get_batch(indices);
+  } else if constexpr (get_returns_sample<Dataset>::value) {
+    std::vector<TensorDict> samples;
+    samples.reserve(indices.size());
+    for (auto i : indices) samples.push_back(dataset.get(static_cast<size_t>(i)));
+    return collate_samples(std::move(samples), indices, collate);
   } else {
     std::vector<torch::data::Example<>> examples;
     examples.reserve(indices.size());
     for (auto i : indices) examples.push_back(dataset.get(static_cast<size_t>(i)));
-    return collate(std::move(examples), indices);
+    if (!collate) return detail::collate(std::move(examples), indices);
+    std::vector<TensorDict> samples;
+    samples.reserve(examples.size());
+    for (auto& e : examples) samples.push_back(as_sample(std::move(e)));
+    return collate_samples(std::move(samples), indices, collate);
   }
 }
+
+// Whether DataLoaderOptions::collate can apply to Dataset (map-style, get(size_t)).
+template <class Dataset>
+constexpr bool takes_collate_v = is_hasten_dataset_v<Dataset> && !has_get_batch<Dataset>::value;
 
 // Walks the batches of one epoch plan. Prepared loaders add a device to move batches to, an
 // observer told which batch is being yielded (the Accelerator's end-of-data detection) and a
@@ -111,12 +130,13 @@ class BatchIterator {
       if (reading_.num_workers > 0) {
         if (!prefetcher_)
           prefetcher_ = std::make_shared<Prefetcher>(
-              plan_, pos_, reading_, [ds = dataset_](const std::vector<int64_t>& idx) { return fetch(*ds, idx); });
+              plan_, pos_, reading_,
+              [ds = dataset_, c = reading_.collate](const std::vector<int64_t>& idx) { return fetch(*ds, idx, c); });
         batch_ = prefetcher_->take(pos_);
         pad = batch_.num_padding;
       } else {
         auto idx = plan_.batch(pos_, &pad);
-        batch_ = fetch(*dataset_, idx);
+        batch_ = fetch(*dataset_, idx, reading_.collate);
         batch_.num_padding = pad;
         if (reading_.pin_memory) batch_ = batch_.pin_memory();
       }

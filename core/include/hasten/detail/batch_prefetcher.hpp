@@ -27,6 +27,7 @@ struct BatchReading {
   int depth = 0;            // batches fetched ahead in all (num_workers x prefetch_factor)
   bool pin_memory = false;  // pin each batch (only where it then goes to a CUDA device)
   bool non_blocking = false;
+  std::function<Batch(std::vector<TensorDict>)> collate;  // the user's, or unset
 
   static BatchReading of(const DataLoaderOptions& o) {
     BatchReading r;
@@ -34,6 +35,7 @@ struct BatchReading {
     r.depth = o.num_workers * o.prefetch_factor.value_or(2);
     r.pin_memory = o.pin_memory;
     r.non_blocking = o.non_blocking;
+    r.collate = o.collate;
     return r;
   }
 };

@@ -25,6 +25,12 @@ template <class T, class = void>
 struct has_get : std::false_type {};
 template <class T>
 struct has_get<T, std::void_t<decltype(std::declval<T&>().get(size_t{}))>> : std::true_type {};
+// get(size_t) gives named tensors (hasten::TensorDict) rather than a torch::data::Example<>.
+template <class T, class = void>
+struct get_returns_sample : std::false_type {};
+template <class T>
+struct get_returns_sample<T, std::void_t<decltype(std::declval<T&>().get(size_t{}))>>
+    : std::is_convertible<decltype(std::declval<T&>().get(size_t{})), TensorDict> {};
 template <class T, class = void>
 struct has_size : std::false_type {};
 template <class T>

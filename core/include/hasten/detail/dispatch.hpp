@@ -175,10 +175,15 @@ class DispatchIterator {
 
   DispatchRound base_batch(int64_t k) {
     auto b = fetch(*dataset_, plan_.base->batch(k, nullptr));
-    if constexpr (std::is_same_v<value_type, ExampleBatch>)
+    if constexpr (std::is_same_v<value_type, ExampleBatch>) {
       return DispatchRound{b.data, b.target, b.indices};
-    else
+    } else {
+      if (!b.fields.empty())
+        throw UsageError("dispatch_batches: rank 0 broadcasts a batch's input and target only, and this dataset's "
+                         "batches have named fields ('" + b.fields.begin()->first +
+                         "', ...); set dispatch_batches false for this loader (each rank then reads its own samples)");
       return DispatchRound{b.input, b.target, b.indices};
+    }
   }
 
   // Rank 0: the next round, none when the epoch has no more (with drop_last, a round short of
