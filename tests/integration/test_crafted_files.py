@@ -85,6 +85,10 @@ with tempfile.TemporaryDirectory() as d:
         ("an absolute file name", lambda m: m["files"].update({"/etc/passwd": m["files"][model]}), None,
          "not a plain file name"),
         ("files that is not an object", setter("files", []), None, "malformed"),
+        # save_on_each_node's machine copies list their ranks: only ranks below world_size, ascending.
+        ("ranks that is not a list", setter("ranks", "0"), None, "'ranks' must list ranks below its world_size"),
+        ("ranks beyond the world size", setter("ranks", [0, 1]), None, "'ranks' must list ranks below its world_size"),
+        ("an empty ranks list", setter("ranks", []), None, "'ranks' must list ranks below its world_size"),
         ("no optimizers in the state", None, setter("optimizers", DELETE), "optimizers must be an object"),
         ("optimizer layouts shorter than the count", None, setter("optimizers", "layouts", []),
          "optimizers.layouts must be an array of optimizers.count entries"),

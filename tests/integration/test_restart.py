@@ -4,6 +4,9 @@
   param_checksum (SHA-256 of the final parameters, checked here against Python's hashlib);
 - a worker SIGKILLed in the middle of a save leaves the previous checkpoint complete, and a
   resumed run continues from it to the same parameters;
+- save_on_each_node: two machines with project directories of their own each keep a whole copy
+  and resume from it after a kill; copies swapped between machines are refused in one line; on
+  a shared directory one checkpoint holds every rank's files;
 - restarts across machines: two launchers (`--num_machines 2`, machine ranks 0 and 1, on this
   host) with `--max_restarts 1`; a worker of machine 1 SIGKILLed: both machines restart their
   workers and end with the uninterrupted run's param_checksum; a launcher SIGKILLed ends the
@@ -162,6 +165,77 @@ with tempfile.TemporaryDirectory() as d:
         h.fail(f"two machines, restarted: resumed at {s['resumed_at']} (want 20), checksum {s['param_checksum']} "
                f"(want {want})")
     print("ok: a worker killed on machine 1: both machines restarted, same final parameters")
+
+    # 4. save_on_each_node: machines without a shared file system (each machine's project_dir
+    # here is a directory of its own). Each machine's first process writes a whole copy, every
+    # process its own files beside it; after a worker of machine 1 is killed both machines
+    # resume from their own copies. zero3 (one unit per Linear): the full weights reach machine
+    # 1's writer from rank 0's gather.
+    port = two_free_ports()
+    own = [os.path.join(d, "node0"), os.path.join(d, "node1")]
+    each = {**kill, "HASTEN_SAVE_ON_EACH_NODE": "true"}
+    sharded = ["--strategy", "zero3", "--units"]
+
+    def machine_own(rank, port, project, env, extra=()):
+        cmd = h.hasten("launch", "--max_restarts", "1", "--num_machines", "2", "--machine_rank", str(rank),
+                       "--num_processes", "2", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
+                       h.example()[0], *BASE, *sharded, *extra, "--project_dir", project, "--checkpoint_every", "10",
+                       "--resume")
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **env})
+
+    m0, m1 = machine_own(0, port, own[0], each), machine_own(1, port, own[1], each)
+    out0, err0 = m0.communicate(timeout=300)
+    out1, err1 = m1.communicate(timeout=300)
+    if m0.returncode != 0 or m1.returncode != 0:
+        h.fail(f"save_on_each_node, two machines: exited {m0.returncode} and {m1.returncode}\n"
+               f"machine 0:\n{err0}\nmachine 1:\n{err1}")
+    s = summary(subprocess.CompletedProcess([], 0, out0, err0))
+    if s["resumed_at"] != 20 or s["param_checksum"] != want:
+        h.fail(f"save_on_each_node, restarted: resumed at {s['resumed_at']} (want 20), checksum "
+               f"{s['param_checksum']} (want {want})")
+    for which, ranks in ((0, [0]), (1, [1])):  # --num_processes counts all whichs
+        ckpt = os.path.join(own[which], "checkpoints", "checkpoint_5")
+        manifest = json.load(open(os.path.join(ckpt, "manifest.json")))
+        files = set(manifest["files"])
+        if manifest.get("ranks") != ranks or "model.safetensors" not in files or "hasten_state.json" not in files:
+            h.fail(f"which {which}'s copy: ranks {manifest.get('ranks')} (want {ranks}), files {sorted(files)}")
+        rng = sorted(f for f in files if f.startswith("random_states_"))
+        if rng != [f"random_states_{r}.safetensors" for r in ranks]:
+            h.fail(f"which {which}'s copy holds the random states {rng}, want its own ranks' {ranks}")
+        tensors = read_safetensors(os.path.join(ckpt, "model.safetensors"))
+        if hashlib.sha256(b"".join(tensors[k] for k in sorted(tensors))).hexdigest() != want:
+            h.fail(f"which {which}'s model.safetensors does not hold the run's final parameters")
+    print("ok: save_on_each_node: each machine wrote a whole copy (its own ranks' files), both resumed from "
+          "their own, same final parameters")
+
+    # A machine's copy loads only where its ranks run: machine ranks swapped, each machine
+    # finds the other's ranks in its copy and the run stops with one line (no restart budget).
+    port = two_free_ports()
+    m0 = machine_own(0, port, own[1], {"HASTEN_SAVE_ON_EACH_NODE": "true"})
+    m1 = machine_own(1, port, own[0], {"HASTEN_SAVE_ON_EACH_NODE": "true"})
+    out0, err0 = m0.communicate(timeout=300)
+    out1, err1 = m1.communicate(timeout=300)
+    if m0.returncode == 0 or "one machine's copy of a checkpoint saved on each node" not in err0 + err1:
+        h.fail(f"copies swapped between machines: exited {m0.returncode}\nmachine 0:\n{err0}\nmachine 1:\n{err1}")
+    line = next(l for l in (err0 + err1).splitlines() if "one machine's copy" in l)
+    print(f"ok: machine copies swapped: {line.strip()}")
+
+    # One shared directory with save_on_each_node: machine 1 finds machine 0's temporary
+    # directory of the same save and writes no copy of its own (one checkpoint, every rank's files).
+    port = two_free_ports()
+    shared = os.path.join(d, "shared")
+    m0, m1 = machine_own(0, port, shared, each), machine_own(1, port, shared, each)
+    out0, err0 = m0.communicate(timeout=300)
+    out1, err1 = m1.communicate(timeout=300)
+    if m0.returncode != 0 or m1.returncode != 0:
+        h.fail(f"save_on_each_node on a shared directory: exited {m0.returncode} and {m1.returncode}\n"
+               f"machine 0:\n{err0}\nmachine 1:\n{err1}")
+    s = summary(subprocess.CompletedProcess([], 0, out0, err0))
+    manifest = json.load(open(os.path.join(shared, "checkpoints", "checkpoint_5", "manifest.json")))
+    if s["param_checksum"] != want or "ranks" in manifest or "random_states_1.safetensors" not in manifest["files"]:
+        h.fail(f"save_on_each_node on a shared directory: checksum {s['param_checksum']}, manifest {manifest}")
+    print("ok: save_on_each_node on a shared file system: one checkpoint with every rank's files")
 
     # A launcher that dies ends the run on the other machine with one line, not a hang.
     port = two_free_ports()

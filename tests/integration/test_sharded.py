@@ -115,4 +115,25 @@ with tempfile.TemporaryDirectory() as tmp:
                        f"x the largest unit")
     if zero1["optimizer"] > 0.5 * ddp["optimizer"] * 1.02:
         h.fail(f"zero1's optimizer state {mb(zero1['optimizer'])} is more than 0.5 x ddp's {mb(ddp['optimizer'])} + 2%")
+# Accelerate's keys that hasten answers another way are accepted (a config file written for
+# Accelerate keeps working) and each says so in one warning, never silently.
+warned = [
+    (["--strategy", "fsdp", "--set", "fsdp_config.fsdp_auto_wrap_policy=TRANSFORMER_BASED_WRAP",
+      "--set", "fsdp_config.fsdp_min_num_params=100"], "auto_wrap_policy, min_num_params choose units by Python class"),
+    (["--strategy", "fsdp", "--set", "fsdp_config.fsdp_state_dict_type=SHARDED_STATE_DICT"],
+     "state_dict_type SHARDED_STATE_DICT: hasten's checkpoints keep full weights"),
+    (["--strategy", "zero3", "--set", "deepspeed_config.zero3_save_16bit_model=true"],
+     "zero3_save_16bit_model: hasten always gathers full weights on save"),
+]
+for args, want in warned:
+    p = h.run([EXAMPLE, "--workload", "mlp-small", "--steps", "1", "--warmup", "0", "--log-every", "0", "--quiet", *args],
+              check=True)
+    if want not in p.stderr:
+        h.fail(f"{' '.join(args)}: no warning {want!r}:\n{p.stderr}")
+quiet = h.run([EXAMPLE, "--workload", "mlp-small", "--steps", "1", "--warmup", "0", "--log-every", "0", "--quiet",
+               "--strategy", "fsdp", "--set", "fsdp_config.fsdp_state_dict_type=FULL_STATE_DICT",
+               "--set", "fsdp_config.fsdp_min_num_params=0"], check=True)
+if "[warning]" in quiet.stderr:
+    h.fail(f"fsdp with FULL_STATE_DICT and min_num_params 0 warned:\n{quiet.stderr}")
+print("ok: fsdp's and zero's keys that pick nothing in hasten each warn in one line")
 print("sharded: OK")

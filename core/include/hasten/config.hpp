@@ -34,6 +34,7 @@ struct Options {
   std::optional<std::string> logging_dir;
   std::optional<bool> automatic_checkpoint_naming;
   std::optional<int> total_limit;
+  std::optional<bool> save_on_each_node;  // Accelerate's ProjectConfiguration.save_on_each_node
   std::optional<std::string> resume;
   std::optional<bool> cpu;
   std::optional<bool> step_scheduler_with_optimizer;
@@ -94,6 +95,7 @@ struct Config {
   std::string logging_dir;  // "" -> <project_dir>/hasten_logs
   bool automatic_checkpoint_naming = false;  // save_state(dir) ignores dir: checkpoints/checkpoint_N
   int total_limit = 0;                       // automatic checkpoints kept (0: all)
+  bool save_on_each_node = false;  // each machine's local main writes a whole checkpoint there
   std::string resume = "no";  // "no", "auto" or a checkpoint directory (checkpoint_load.cpp)
   double timeout_s = 1800.0;             // every collective wait
   double rendezvous_timeout_s = 300.0;   // rendezvous, store calls, comm connection set-up

@@ -90,7 +90,7 @@ std::string recover_checkpoint(const fs::path& final_dir) {
          aside.string() + "'";
 }
 
-fs::path prepare_save(const fs::path& final_dir) {
+fs::path prepare_save(const fs::path& final_dir, const std::string& owner) {
   std::error_code ec;
   const std::string name = final_dir.filename().string();
   if (name.empty() || name == "." || name == "..")
@@ -127,8 +127,23 @@ fs::path prepare_save(const fs::path& final_dir) {
   }
   // mkdir, not create_directories: a directory that appeared meanwhile is not taken over.
   if (::mkdir(tmp.c_str(), 0755) != 0) file_error("create the directory", tmp);
-  write_file(tmp, kSavingMark, std::string("hasten save_state\n"));
+  write_file(tmp, kSavingMark, "hasten save_state " + owner + "\n");
   return tmp;
+}
+
+std::string saving_owner(const fs::path& tmp) {
+  std::error_code ec;
+  const fs::path mark = tmp / kSavingMark;
+  if (fs::is_symlink(fs::symlink_status(mark, ec)) || !fs::is_regular_file(mark, ec) || fs::file_size(mark, ec) > 4096)
+    return "";
+  try {
+    std::string text = read_file(mark);
+    const std::string head = "hasten save_state ";
+    if (text.rfind(head, 0) != 0 || text.empty() || text.back() != '\n') return "";
+    return text.substr(head.size(), text.size() - head.size() - 1);
+  } catch (const std::exception&) {
+    return "";
+  }
 }
 
 namespace {
@@ -144,9 +159,13 @@ bool exchange(const fs::path& a, const fs::path& b) {
 
 }  // namespace
 
-void finalize_checkpoint(const fs::path& tmp, const fs::path& final_dir, int world_size, json meta) {
+void finalize_checkpoint(const fs::path& tmp, const fs::path& final_dir, int world_size, json meta,
+                         const std::vector<int>& ranks) {
+  std::vector<int> merged = ranks;
+  if (merged.empty())
+    for (int r = 0; r < world_size; ++r) merged.push_back(r);
   json files = json::object();
-  for (int r = 0; r < world_size; ++r) {
+  for (int r : merged) {
     const fs::path part = tmp / (".files." + std::to_string(r) + ".json");
     std::error_code ec;
     if (!fs::exists(part, ec))
@@ -163,6 +182,7 @@ void finalize_checkpoint(const fs::path& tmp, const fs::path& final_dir, int wor
   meta["format"] = "hasten-checkpoint";
   meta["version"] = 1;
   meta["world_size"] = world_size;
+  if (static_cast<int>(merged.size()) != world_size) meta["ranks"] = merged;  // one machine's copy
   meta["files"] = files;
   meta["complete"] = true;
   test_point("save-files-written", 0);
@@ -224,6 +244,19 @@ json read_manifest(const fs::path& dir) {
     throw Error("checkpoint '" + dir.string() + "': manifest.json is malformed");
   if (!m.contains("complete") || m["complete"] != true)
     throw Error("checkpoint '" + dir.string() + "': manifest.json does not mark it complete");
+  if (m.contains("ranks")) {  // save_on_each_node: one machine's copy
+    const json& r = m["ranks"];
+    const int64_t world = m.value("world_size", json(0)).is_number_integer() ? m["world_size"].get<int64_t>() : 0;
+    bool ok = r.is_array() && !r.empty();
+    int64_t last = -1;
+    for (const json& v : ok ? r : json::array()) {
+      ok = ok && v.is_number_integer() && v.get<int64_t>() > last && v.get<int64_t>() < world;
+      if (ok) last = v.get<int64_t>();
+    }
+    if (!ok)
+      throw Error("checkpoint '" + dir.string() + "': manifest.json is malformed: 'ranks' must list ranks below its "
+                  "world_size, ascending");
+  }
   // Every size a reader will trust is checked here, once: the files' sizes (compared with the
   // files themselves later), their checksums, and the chunk layout of ranged files.
   auto malformed = [&](const std::string& name, const std::string& why) {

@@ -39,8 +39,13 @@ std::filesystem::path set_aside_dir(const std::filesystem::path& final_dir);
 // anything else is left alone and refused with one line), puts back a checkpoint that a save
 // killed mid-replace left set aside, removes what an earlier save of it left behind (only
 // what hasten made: marked temporary directories, set-aside checkpoints) and creates the
-// temporary directory anew (mkdir: it must not exist). Returns it. Throws Error with one line.
-std::filesystem::path prepare_save(const std::filesystem::path& final_dir);
+// temporary directory anew (mkdir: it must not exist), its mark naming `owner` (one save's
+// random token). Returns it. Throws Error with one line.
+std::filesystem::path prepare_save(const std::filesystem::path& final_dir, const std::string& owner = "");
+
+// The `owner` that prepare_save wrote into tmp's mark ("" when tmp is no temporary directory
+// of a save): another machine sees its own save's owner there through a shared file system.
+std::string saving_owner(const std::filesystem::path& tmp);
 
 // Rank 0, after every rank has written its files: merges the ranks' lists and `meta` into
 // manifest.json (complete: true), flushes it, and puts tmp in final_dir's place: a rename
@@ -48,8 +53,10 @@ std::filesystem::path prepare_save(const std::filesystem::path& final_dir);
 // old one removed after. Where the file system cannot swap, the old one is set aside, tmp
 // renamed, the old one removed; a failure puts it back, and a kill in between leaves it set
 // aside for recover_checkpoint. At every moment one complete checkpoint is readable.
+// `ranks`: the ranks whose lists are merged (empty: all of world_size; save_on_each_node: this
+// machine's copy holds its own ranks' files, and the manifest lists them as "ranks").
 void finalize_checkpoint(const std::filesystem::path& tmp, const std::filesystem::path& final_dir, int world_size,
-                         nlohmann::json meta);
+                         nlohmann::json meta, const std::vector<int>& ranks = {});
 
 // Puts back a complete checkpoint that a save killed mid-replace left set aside, where
 // final_dir is missing. Returns what it did ("" when nothing); never throws.

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <limits>
 #include <functional>
@@ -23,6 +24,7 @@
 
 #include "checkpoint/checkpoint_files.hpp"
 #include "checkpoint/checkpoint_layout.hpp"
+#include "checkpoint/checkpoint_machines.hpp"
 #include "checkpoint/checkpoint_load.hpp"
 #include "checkpoint/checkpoint_reader.hpp"
 #include "checkpoint/checkpoint_state_check.hpp"
@@ -90,6 +92,8 @@ Engine::Impl::CheckpointLoad::CheckpointLoad(Engine& engine, Impl& s, const fs::
 }
 
 void Engine::Impl::CheckpointLoad::run() {
+  attempt([&] { check_machine_copy(); });  // rank by rank: every rank learns of a refusal
+  agree();
   check();
   load_models();
   same_layout_ = saved_world_ == world_ && state_.value("strategy", "") == s_.strategy->name();
@@ -137,6 +141,24 @@ void Engine::Impl::CheckpointLoad::check() const {
       throw Error("load_state: data loader " + std::to_string(id) + " had " + std::to_string(l.value("dataset_size", 0)) +
                   " samples when saved, now " + std::to_string(s_.data.loaders[id].spec.dataset_size));
   }
+}
+
+// A copy that save_on_each_node left on one machine holds its own ranks' files only: it
+// loads on the same number of processes, each on the machine that holds its files (the
+// rest of a resharding load reads every saved rank's files).
+void Engine::Impl::CheckpointLoad::check_machine_copy() const {
+  if (!manifest_.contains("ranks")) return;
+  const json& ranks = manifest_["ranks"];
+  const bool mine = std::find(ranks.begin(), ranks.end(), json(rank_)) != ranks.end();
+  if (saved_world_ == world_ && mine) return;
+  const std::string held = ranks.size() == 1 ? "rank " + ranks.front().dump()
+                                              : "ranks " + ranks.front().dump() + " to " + ranks.back().dump();
+  throw Error("load_state: '" + dir_.string() + "' is one machine's copy of a checkpoint saved on each node (it holds "
+              "the files of " + held + " of " +
+              std::to_string(saved_world_) + "); it loads on " + std::to_string(saved_world_) +
+              " processes with the same ranks on each machine" +
+              (saved_world_ == world_ ? ", and this machine runs rank " + std::to_string(rank_) : ", not " + std::to_string(world_)) +
+              " (to resume on another layout, save with save_on_each_node false on a shared file system)");
 }
 
 std::string Engine::Impl::CheckpointLoad::layout(size_t optimizer) const {
@@ -374,7 +396,6 @@ void Engine::Impl::CheckpointLoad::apply_gradients(size_t i) {
   }
 }
 
-
 // A function-try-block: a hand-edited hasten_state.json whose fields have the wrong types
 // makes nlohmann throw from anywhere below; it becomes one line naming the file.
 std::string Engine::load_state(const std::string& requested) try {
@@ -402,14 +423,29 @@ std::string Engine::load_state(const std::string& requested) try {
     candidates = list.dump();
   }
   const json list = json::parse(broadcast(candidates, 0));
+  // save_on_each_node across machines: each machine loads its own copy (under its own
+  // project_dir where the names are automatic); a candidate is loadable when it is on all.
+  const bool each_machine = s.config.save_on_each_node && s.process.num_nodes > 1;
+  auto local = [&](const std::string& path) -> fs::path {
+    if (!each_machine || !requested.empty()) return path;
+    return checkpoints_dir(s.config.project_dir) / fs::path(path).filename();
+  };
+  std::vector<std::string> machines_why;
+  if (each_machine) {
+    std::vector<std::pair<std::string, std::string>> pairs;
+    for (auto& c : list) pairs.emplace_back(c[0].get<std::string>(), c[1].get<std::string>());
+    machines_why = verify_on_each_machine(*this, s.process, pairs, local);
+  }
   std::vector<std::string> skipped;
   auto warn_skipped = [&] {
     if (rank == 0)
       for (auto& why : skipped) get_logger()->warn("load_state: skipping a checkpoint that cannot be loaded: {}", why);
   };
   std::string loaded;
-  for (auto& c : list) {
-    const std::string path = c[0].get<std::string>(), why = c[1].get<std::string>();
+  for (size_t k = 0; k < list.size(); ++k) {
+    const json& c = list[k];
+    const std::string path = local(c[0].get<std::string>()).string();
+    const std::string why = each_machine ? machines_why[k] : c[1].get<std::string>();
     if (!requested.empty() && !why.empty()) throw Error("load_state: " + why);
     if (!why.empty()) {
       skipped.push_back(why);

@@ -36,6 +36,7 @@ class Engine::Impl::CheckpointLoad {
   // Refuses a checkpoint of another program (counts, optimizer types, dataset sizes) before
   // anything is read but the state file; every rank decides alike from the same file.
   void check() const;
+  void check_machine_copy() const;  // save_on_each_node: this machine's copy holds this rank's files
 
   std::string layout(size_t optimizer) const;
 

@@ -19,6 +19,7 @@
 
 #include "checkpoint/checkpoint_files.hpp"
 #include "checkpoint/checkpoint_layout.hpp"
+#include "checkpoint/checkpoint_machines.hpp"
 #include "checkpoint/optimizer_state.hpp"
 #include "engine/engine_state.hpp"
 #include "util/test_hooks.hpp"
@@ -122,26 +123,42 @@ std::string Engine::save_state(const std::string& requested) {
   const bool automatic = s.config.automatic_checkpoint_naming || requested.empty();
 
   // Where: rank 0 decides and prepares the temporary directory; every rank learns the outcome.
-  std::string decided;
-  if (main) {
-    try {
-      const fs::path target = automatic ? checkpoints_dir(s.config.project_dir) /
-                                              ("checkpoint_" + std::to_string(s.checkpoints.save_iteration))
-                                        : fs::path(requested);
-      std::error_code ec;
-      if (automatic && fs::exists(fs::symlink_status(target, ec)))
-        throw Error("save_state: '" + target.string() +
-                    "' already exists (a run that continues calls load_state() first; new checkpoints are then "
-                    "numbered after the newest one)");
-      prepare_save(target);  // refuses what is not a hasten checkpoint; makes the temporary directory
-      decided = "ok:" + target.string();
-    } catch (const std::exception& e) {
-      decided = std::string("error:") + e.what();
+  // save_on_each_node across machines: each machine's lowest rank prepares its own (under its
+  // own project_dir where the name is automatic), and writes what rank 0 writes.
+  const bool each_machine = s.config.save_on_each_node && s.process.num_nodes > 1;
+  MachineCopies copies;
+  fs::path target;
+  if (each_machine) {
+    target = automatic ? checkpoints_dir(s.config.project_dir) / ("checkpoint_" + std::to_string(s.checkpoints.save_iteration))
+                       : fs::path(requested);
+    copies = prepare_machine_copies(*this, s.process, target, automatic);
+  } else {
+    std::string decided;
+    if (main) {
+      try {
+        const fs::path local = automatic ? checkpoints_dir(s.config.project_dir) /
+                                               ("checkpoint_" + std::to_string(s.checkpoints.save_iteration))
+                                         : fs::path(requested);
+        std::error_code ec;
+        if (automatic && fs::exists(fs::symlink_status(local, ec)))
+          throw Error("save_state: '" + local.string() +
+                      "' already exists (a run that continues calls load_state() first; new checkpoints are then "
+                      "numbered after the newest one)");
+        prepare_save(local);  // refuses what is not a hasten checkpoint; makes the temporary directory
+        decided = "ok:" + local.string();
+      } catch (const std::exception& e) {
+        decided = std::string("error:") + e.what();
+      }
     }
+    decided = broadcast(decided, 0);
+    if (decided.rfind("error:", 0) == 0) throw Error(decided.substr(6));
+    target = decided.substr(3);
+    copies.writers = {0};
+    copies.writer = main;
+    if (main)
+      for (int r = 0; r < world; ++r) copies.ranks.push_back(r);
   }
-  decided = broadcast(decided, 0);
-  if (decided.rfind("error:", 0) == 0) throw Error(decided.substr(6));
-  const fs::path target = decided.substr(3);
+  const bool writer = copies.writer;  // writes what rank 0 writes, into this machine's copy
   const fs::path tmp = saving_dir(target);
 
   // What: every rank writes its files. Gathering full models is collective, so every rank runs
@@ -163,13 +180,14 @@ std::string Engine::save_state(const std::string& requested) {
     write_model = s.run_state_pre_hooks(true, tmp.string());
   } catch (const std::exception&) {
     std::error_code ec;
-    if (main) fs::remove_all(tmp, ec);  // nothing was saved: no staging directory is left behind
+    if (writer) fs::remove_all(tmp, ec);  // nothing was saved: no staging directory is left behind
     throw;
   }
   for (size_t i = 0; i < s.models.size(); ++i) {
     if (!write_model[i]) continue;
-    const NamedTensors full = state_dict(i, 0);  // rank 0 holds them
-    if (main)
+    NamedTensors full = state_dict(i, 0);  // rank 0 holds them
+    if (copies.writers.size() > 1) full = share_with_writers(*this, rank, full, copies.writers);
+    if (writer)
       attempt([&] {
         files.push_back(write_file(
             tmp, model_file(i), [&](const ByteSink& sink) { write_safetensors(full, {{"format", "pt"}}, sink); },
@@ -221,14 +239,14 @@ std::string Engine::save_state(const std::string& requested) {
           write_safetensors(pieces, {}, sink);
         }));
       });
-    if (!portable && (per_rank || main))
+    if (!portable && (per_rank || writer))
       attempt([&] { files.push_back(write_file(tmp, optimizer_file(i, per_rank ? rank : -1), optimizer_bytes(optimizer))); });
   }
   attempt([&] {
     const NamedTensors rng = rng_state(s.device);
     files.push_back(write_file(tmp, rng_file(rank), [&](const ByteSink& sink) { write_safetensors(rng, {}, sink); }));
   });
-  if (main) {
+  if (writer) {
     for (size_t i = 0; i < s.checkpoints.objects.size(); ++i) {
       auto& o = s.checkpoints.objects[i];
       attempt([&] {
@@ -294,12 +312,12 @@ std::string Engine::save_state(const std::string& requested) {
   }
   attempt([&] { write_rank_files(tmp, rank, files); });
 
-  // Did every rank write everything? Then rank 0 makes the checkpoint complete in one rename.
+  // Did every rank write everything? Then each copy's writer makes it complete in one rename.
   torch::Tensor failed = torch::full({1}, failure.empty() ? 0.0 : static_cast<double>(rank + 1), torch::kDouble);
   s.allreduce_(failed, HASTEN_REDUCE_MAX);
   const int failed_rank = static_cast<int>(failed.item<double>()) - 1;
   if (failed_rank >= 0) {
-    if (main) {
+    if (writer) {
       std::error_code ec;
       fs::remove_all(tmp, ec);
     }
@@ -307,21 +325,25 @@ std::string Engine::save_state(const std::string& requested) {
     throw Error("save_state: rank " + std::to_string(failed_rank) +
                 " could not write its files (its message says why); the previous checkpoint is untouched");
   }
-  std::string finished;
-  if (main) {
+  std::string finished = "ok";
+  if (writer) {
     try {
       json meta = {{"checkpoint", automatic ? json(s.checkpoints.save_iteration) : json(nullptr)}, {"strategy", s.strategy->name()}};
-      finalize_checkpoint(tmp, target, world, meta);  // replaces an explicit directory saved again
+      finalize_checkpoint(tmp, target, world, meta, copies.ranks);  // replaces an explicit directory saved again
       if (automatic && s.config.total_limit > 0)
         for (auto& why : prune_checkpoints(checkpoints_dir(s.config.project_dir), s.config.total_limit))
           get_logger()->warn("save_state: could not remove an old checkpoint: {}", why);
-      finished = "ok";
     } catch (const std::exception& e) {
       finished = std::string("error:") + e.what();
     }
   }
-  finished = broadcast(finished, 0);
-  if (finished != "ok") throw Error(finished.substr(6));
+  // Each writer's outcome reaches every rank (the first failing writer's words).
+  torch::Tensor unfinished = torch::full({1}, finished == "ok" ? 0.0 : static_cast<double>(world - rank), torch::kDouble);
+  s.allreduce_(unfinished, HASTEN_REDUCE_MAX);
+  if (const int who = world - static_cast<int>(unfinished.item<double>()); who < world) {
+    finished = broadcast(finished, who);
+    throw Error(finished.substr(6) + (copies.writers.size() > 1 ? " (on the machine of rank " + std::to_string(who) + ")" : ""));
+  }
   if (automatic) ++s.checkpoints.save_iteration;
   get_logger()->debug("save_state: {}", target.string());
   return target.string();

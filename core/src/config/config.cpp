@@ -209,6 +209,7 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
   c.logging_dir = get_str(merged, "logging_dir");
   c.automatic_checkpoint_naming = merged["automatic_checkpoint_naming"].get<bool>();
   c.total_limit = merged["total_limit"].get<int>();
+  c.save_on_each_node = merged["save_on_each_node"].get<bool>();
   c.resume = merged["resume"].get<std::string>();
   if (c.resume.empty())
     throw ConfigError("config error: resume (" + where("resume") +

@@ -87,6 +87,9 @@ const Schema& core_schema() {
        "save_state() without a directory writes <project_dir>/checkpoints/checkpoint_<N> (always, when true)"},
       {"total_limit", T::Int, 0, {}, 0.0, {},
        "Complete automatic checkpoints kept; older ones are removed after each save (0: keep all)"},
+      {"save_on_each_node", T::Bool, false, {}, {}, {},
+       "Each machine's first process writes a whole checkpoint on that machine (no shared file system); "
+       "each machine resumes from its own copy"},
       {"resume", T::String, "no", {}, {}, {},
        "Continue from a checkpoint when the loop starts: no, auto (the newest complete one under "
        "<project_dir>/checkpoints, if any) or a checkpoint directory"},

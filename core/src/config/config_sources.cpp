@@ -208,6 +208,7 @@ Layer code_layer(const Options& o) {
   if (o.logging_dir) put("logging_dir", *o.logging_dir);
   if (o.automatic_checkpoint_naming) put("automatic_checkpoint_naming", *o.automatic_checkpoint_naming);
   if (o.total_limit) put("total_limit", *o.total_limit);
+  if (o.save_on_each_node) put("save_on_each_node", *o.save_on_each_node);
   if (o.resume) put("resume", *o.resume);
   if (o.cpu) put("use_cpu", *o.cpu);
   if (o.step_scheduler_with_optimizer) put("step_scheduler_with_optimizer", *o.step_scheduler_with_optimizer);

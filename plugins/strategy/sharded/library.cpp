@@ -45,7 +45,8 @@ constexpr hasten_option_spec kZeroOptions[] = {
                      "Stage 3: each hasten::Unit keeps only this rank's shard once constructed (models built "
                      "after the Accelerator, before prepare)")
         .run_setting("sharded_init"),
-    OptionSpec("zero3_save_16bit_model", HASTEN_OPTION_BOOL, "Accepted; hasten always gathers full weights on save")
+    OptionSpec("zero3_save_16bit_model", HASTEN_OPTION_BOOL,
+               "true warns: hasten always gathers full weights on save, in the parameters' dtype")
         .section_key("zero3_save_16bit_model"),
     section_only_key("gradient_accumulation_steps", HASTEN_OPTION_INT,
                      "Must agree with gradient_accumulation_steps when both are set")
@@ -87,14 +88,15 @@ constexpr hasten_option_spec kFsdpOptions[] = {
         .section_key("fsdp_backward_prefetch"),
     OptionSpec("forward_prefetch", HASTEN_OPTION_BOOL, "Gather the next unit during forward (stage 3)")
         .default_json("false").section_key("fsdp_forward_prefetch"),
-    OptionSpec("auto_wrap_policy", HASTEN_OPTION_ENUM, "Accepted; units are the modules the model declares (hasten::Unit)")
+    OptionSpec("auto_wrap_policy", HASTEN_OPTION_ENUM, "Set, it warns: units are the modules the model declares (hasten::Unit)")
         .allowed("TRANSFORMER_BASED_WRAP,SIZE_BASED_WRAP,NO_WRAP").section_key("fsdp_auto_wrap_policy"),
     OptionSpec("transformer_layer_cls_to_wrap", HASTEN_OPTION_STRING,
-               "Accepted; units are the modules the model declares (hasten::Unit)")
+               "Set, it warns: units are the modules the model declares (hasten::Unit)")
         .section_key("fsdp_transformer_layer_cls_to_wrap"),
-    OptionSpec("min_num_params", HASTEN_OPTION_INT, "Accepted; units are the modules the model declares (hasten::Unit)")
+    OptionSpec("min_num_params", HASTEN_OPTION_INT, "Above 0, it warns: units are the modules the model declares (hasten::Unit)")
         .min(0).section_key("fsdp_min_num_params"),
-    OptionSpec("state_dict_type", HASTEN_OPTION_ENUM, "Accepted; state dicts hold full weights")
+    OptionSpec("state_dict_type", HASTEN_OPTION_ENUM,
+               "FULL_STATE_DICT; the others warn: checkpoints keep full weights, each rank loads its slice")
         .allowed("FULL_STATE_DICT,LOCAL_STATE_DICT,SHARDED_STATE_DICT").section_key("fsdp_state_dict_type"),
     OptionSpec("use_orig_params", HASTEN_OPTION_BOOL, "Accepted; hasten always keeps original parameters")
         .section_key("fsdp_use_orig_params"),

@@ -4,6 +4,9 @@
 // not allowed and numbers out of range; what is left here is what involves meaning.
 #include "sharded_strategy.hpp"
 
+#include <string>
+#include <vector>
+
 namespace hasten::sharded {
 
 using sdk::Error;
@@ -53,8 +56,11 @@ Options parse_zero_options(const hasten_host_api* host, std::string_view json, c
   o.offload_optimizer = offload_to_cpu("offload_optimizer_device", in.text("offload_optimizer_device"));
   o.offload_params = offload_to_cpu("offload_param_device", in.text("offload_param_device"));
   o.gradient_clipping = in.number("gradient_clipping").value();
-  // zero3_save_16bit_model: accepted (hasten always saves full weights); its type was checked
-  // by the host. zero3_init_flag is the host's run setting sharded_init (unit_built).
+  // zero3_init_flag is the host's run setting sharded_init (unit_built).
+  if (in.boolean("zero3_save_16bit_model").value_or(false))
+    sdk::log(host, HASTEN_LOG_WARN, "zero",
+             "zero: zero3_save_16bit_model: hasten always gathers full weights on save, in the parameters' own dtype "
+             "(float32 unless the model was built in another)");
   only_none(in, "offload_optimizer_nvme_path", "nvme offload is not supported");
   only_none(in, "offload_param_nvme_path", "nvme offload is not supported");
   only_none(in, "deepspeed_moe_layer_cls_names",
@@ -100,9 +106,24 @@ Options parse_fsdp_options(const hasten_host_api* host, std::string_view json, i
   o.forward_prefetch = in.boolean("forward_prefetch").value();
   if (in.text("ignored_modules"))
     throw Error(HASTEN_ERR_UNSUPPORTED, "fsdp: ignored_modules is not supported (units are declared by type)");
-  // auto_wrap_policy, transformer_layer_cls_to_wrap, min_num_params, state_dict_type,
-  // use_orig_params, sync_module_states, version:
-  // accepted (C++ units are declared by type); their type was checked by the host.
+  // Accepted keys that ask for what hasten does another way say so (a config file written for
+  // Accelerate keeps working, and nothing it sets passes unremarked). use_orig_params,
+  // sync_module_states and version: hasten's behaviour is what they ask for, or better.
+  std::vector<std::string> wrap_keys;
+  for (const char* key : {"auto_wrap_policy", "transformer_layer_cls_to_wrap"})
+    if (auto v = in.text(key); v && !v->empty()) wrap_keys.push_back(key);
+  if (in.integer("min_num_params").value_or(0) > 0) wrap_keys.push_back("min_num_params");
+  if (!wrap_keys.empty()) {
+    std::string keys;
+    for (auto& k : wrap_keys) keys += (keys.empty() ? "" : ", ") + k;
+    sdk::log(host, HASTEN_LOG_WARN, "fsdp",
+             "fsdp: " + keys + " choose units by Python class or size; in hasten the units are the hasten::Unit "
+             "modules the model declares, and these keys pick nothing");
+  }
+  if (auto type = in.text("state_dict_type"); type && *type != "FULL_STATE_DICT")
+    sdk::log(host, HASTEN_LOG_WARN, "fsdp",
+             "fsdp: state_dict_type " + *type + ": hasten's checkpoints keep full weights, written once with chunk "
+             "checksums, and each rank reads only its slice when it loads them");
   if (o.stage < 3) o.offload_params = false;  // FSDP offloads parameters only when sharded at rest
   return o;
 }
