@@ -169,45 +169,51 @@ with tempfile.TemporaryDirectory() as d:
     # 4. save_on_each_node: machines without a shared file system (each machine's project_dir
     # here is a directory of its own). Each machine's first process writes a whole copy, every
     # process its own files beside it; after a worker of machine 1 is killed both machines
-    # resume from their own copies. zero3 (one unit per Linear): the full weights reach machine
-    # 1's writer from rank 0's gather.
-    port = two_free_ports()
-    own = [os.path.join(d, "node0"), os.path.join(d, "node1")]
+    # resume from their own copies. Under ddp (the optimizer state, unsharded, is rank 0's
+    # file: machine 1's copy needs its own) and zero3 (one unit per Linear: the full weights
+    # reach machine 1's writer from rank 0's gather).
     each = {**kill, "HASTEN_SAVE_ON_EACH_NODE": "true"}
-    sharded = ["--strategy", "zero3", "--units"]
 
-    def machine_own(rank, port, project, env, extra=()):
+    def machine_own(rank, port, project, env, strategy="zero3"):
         cmd = h.hasten("launch", "--max_restarts", "1", "--num_machines", "2", "--machine_rank", str(rank),
                        "--num_processes", "2", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
-                       h.example()[0], *BASE, *sharded, *extra, "--project_dir", project, "--checkpoint_every", "10",
-                       "--resume")
+                       h.example()[0], *BASE, "--strategy", strategy, "--units", "--project_dir", project,
+                       "--checkpoint_every", "10", "--resume")
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, **env})
 
-    m0, m1 = machine_own(0, port, own[0], each), machine_own(1, port, own[1], each)
-    out0, err0 = m0.communicate(timeout=300)
-    out1, err1 = m1.communicate(timeout=300)
-    if m0.returncode != 0 or m1.returncode != 0:
-        h.fail(f"save_on_each_node, two machines: exited {m0.returncode} and {m1.returncode}\n"
-               f"machine 0:\n{err0}\nmachine 1:\n{err1}")
-    s = summary(subprocess.CompletedProcess([], 0, out0, err0))
-    if s["resumed_at"] != 20 or s["param_checksum"] != want:
-        h.fail(f"save_on_each_node, restarted: resumed at {s['resumed_at']} (want 20), checksum "
-               f"{s['param_checksum']} (want {want})")
-    for which, ranks in ((0, [0]), (1, [1])):  # --num_processes counts all whichs
-        ckpt = os.path.join(own[which], "checkpoints", "checkpoint_5")
-        manifest = json.load(open(os.path.join(ckpt, "manifest.json")))
-        files = set(manifest["files"])
-        if manifest.get("ranks") != ranks or "model.safetensors" not in files or "hasten_state.json" not in files:
-            h.fail(f"which {which}'s copy: ranks {manifest.get('ranks')} (want {ranks}), files {sorted(files)}")
-        rng = sorted(f for f in files if f.startswith("random_states_"))
-        if rng != [f"random_states_{r}.safetensors" for r in ranks]:
-            h.fail(f"which {which}'s copy holds the random states {rng}, want its own ranks' {ranks}")
-        tensors = read_safetensors(os.path.join(ckpt, "model.safetensors"))
-        if hashlib.sha256(b"".join(tensors[k] for k in sorted(tensors))).hexdigest() != want:
-            h.fail(f"which {which}'s model.safetensors does not hold the run's final parameters")
-    print("ok: save_on_each_node: each machine wrote a whole copy (its own ranks' files), both resumed from "
-          "their own, same final parameters")
+    for strategy in ("ddp", "zero3"):
+        port = two_free_ports()
+        own = [os.path.join(d, f"{strategy}-machine0"), os.path.join(d, f"{strategy}-machine1")]
+        m0, m1 = machine_own(0, port, own[0], each, strategy), machine_own(1, port, own[1], each, strategy)
+        out0, err0 = m0.communicate(timeout=300)
+        out1, err1 = m1.communicate(timeout=300)
+        if m0.returncode != 0 or m1.returncode != 0:
+            h.fail(f"save_on_each_node, two machines, {strategy}: exited {m0.returncode} and {m1.returncode}\n"
+                   f"machine 0:\n{err0}\nmachine 1:\n{err1}")
+        # (Machine 1 has nothing else to load: its project directory holds only its own copies.)
+        if f"resumed from {own[0]}" not in err0:
+            h.fail(f"{strategy}: machine 0 did not resume from its own copy:\n{err0}")
+        s = summary(subprocess.CompletedProcess([], 0, out0, err0))
+        if s["resumed_at"] != 20 or s["param_checksum"] != want:
+            h.fail(f"save_on_each_node, {strategy}, restarted: resumed at {s['resumed_at']} (want 20), checksum "
+                   f"{s['param_checksum']} (want {want})")
+        for which, ranks in ((0, [0]), (1, [1])):  # --num_processes counts every machine's
+            ckpt = os.path.join(own[which], "checkpoints", "checkpoint_5")
+            manifest = json.load(open(os.path.join(ckpt, "manifest.json")))
+            files = set(manifest["files"])
+            if (manifest.get("ranks") != ranks or "model.safetensors" not in files or "hasten_state.json" not in files
+                    or (strategy == "ddp" and "optimizer.rank0.safetensors" not in files)):
+                h.fail(f"{strategy}: machine {which}'s copy: ranks {manifest.get('ranks')} (want {ranks}), "
+                       f"files {sorted(files)}")
+            rng = sorted(f for f in files if f.startswith("random_states_"))
+            if rng != [f"random_states_{r}.safetensors" for r in ranks]:
+                h.fail(f"machine {which}'s copy holds the random states {rng}, want its own ranks' {ranks}")
+            tensors = read_safetensors(os.path.join(ckpt, "model.safetensors"))
+            if hashlib.sha256(b"".join(tensors[k] for k in sorted(tensors))).hexdigest() != want:
+                h.fail(f"{strategy}: machine {which}'s model.safetensors does not hold the run's final parameters")
+        print(f"ok: save_on_each_node, {strategy}: each machine wrote a whole copy (its own ranks' files), both "
+              "resumed from their own, same final parameters")
 
     # A machine's copy loads only where its ranks run: machine ranks swapped, each machine
     # finds the other's ranks in its copy and the run stops with one line (no restart budget).
@@ -216,7 +222,7 @@ with tempfile.TemporaryDirectory() as d:
     m1 = machine_own(1, port, own[0], {"HASTEN_SAVE_ON_EACH_NODE": "true"})
     out0, err0 = m0.communicate(timeout=300)
     out1, err1 = m1.communicate(timeout=300)
-    if m0.returncode == 0 or "one machine's copy of a checkpoint saved on each node" not in err0 + err1:
+    if m0.returncode == 0 or m1.returncode == 0 or "one machine's copy of a checkpoint saved on each node" not in err0 + err1:
         h.fail(f"copies swapped between machines: exited {m0.returncode}\nmachine 0:\n{err0}\nmachine 1:\n{err1}")
     line = next(l for l in (err0 + err1).splitlines() if "one machine's copy" in l)
     print(f"ok: machine copies swapped: {line.strip()}")
@@ -233,7 +239,8 @@ with tempfile.TemporaryDirectory() as d:
                f"machine 0:\n{err0}\nmachine 1:\n{err1}")
     s = summary(subprocess.CompletedProcess([], 0, out0, err0))
     manifest = json.load(open(os.path.join(shared, "checkpoints", "checkpoint_5", "manifest.json")))
-    if s["param_checksum"] != want or "ranks" in manifest or "random_states_1.safetensors" not in manifest["files"]:
+    if (s["param_checksum"] != want or s["resumed_at"] != 20 or "ranks" in manifest
+            or "random_states_1.safetensors" not in manifest["files"]):
         h.fail(f"save_on_each_node on a shared directory: checksum {s['param_checksum']}, manifest {manifest}")
     print("ok: save_on_each_node on a shared file system: one checkpoint with every rank's files")
 

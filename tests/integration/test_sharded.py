@@ -119,7 +119,7 @@ with tempfile.TemporaryDirectory() as tmp:
 # Accelerate keeps working) and each says so in one warning, never silently.
 warned = [
     (["--strategy", "fsdp", "--set", "fsdp_config.fsdp_auto_wrap_policy=TRANSFORMER_BASED_WRAP",
-      "--set", "fsdp_config.fsdp_min_num_params=100"], "auto_wrap_policy, min_num_params choose units by Python class"),
+      "--set", "fsdp_config.fsdp_min_num_params=100"], "auto_wrap_policy, min_num_params choose FSDP's units in Python"),
     (["--strategy", "fsdp", "--set", "fsdp_config.fsdp_state_dict_type=SHARDED_STATE_DICT"],
      "state_dict_type SHARDED_STATE_DICT: hasten's checkpoints keep full weights"),
     (["--strategy", "zero3", "--set", "deepspeed_config.zero3_save_16bit_model=true"],
@@ -133,7 +133,7 @@ for args, want in warned:
 quiet = h.run([EXAMPLE, "--workload", "mlp-small", "--steps", "1", "--warmup", "0", "--log-every", "0", "--quiet",
                "--strategy", "fsdp", "--set", "fsdp_config.fsdp_state_dict_type=FULL_STATE_DICT",
                "--set", "fsdp_config.fsdp_min_num_params=0"], check=True)
-if "[warning]" in quiet.stderr:
+if "[warning] [fsdp]" in quiet.stderr:
     h.fail(f"fsdp with FULL_STATE_DICT and min_num_params 0 warned:\n{quiet.stderr}")
 print("ok: fsdp's and zero's keys that pick nothing in hasten each warn in one line")
 print("sharded: OK")

@@ -82,19 +82,26 @@ Engine::Impl::CheckpointLoad::CheckpointLoad(Engine& engine, Impl& s, const fs::
     : engine_(engine),
       s_(s),
       dir_(dir),
-      manifest_(read_manifest(dir)),
-      state_(json::parse(read_checked_bytes(dir, kState, manifest_), nullptr, false)),
       rank_(s.process.rank),
       world_(s.process.world_size),
       sharded_(s.strategy->has_load_state_dict()) {  // it shards parameters and optimizer state
-  validate_state(state_, (dir / kState).string());
-  saved_world_ = state_["world_size"].get<int>();
+  // Each machine may read its own copy (save_on_each_node): a failure here is every rank's
+  // at run()'s first agree().
+  attempt([&] {
+    manifest_ = read_manifest(dir);
+    state_ = json::parse(read_checked_bytes(dir, kState, manifest_), nullptr, false);
+    validate_state(state_, (dir / kState).string());
+    saved_world_ = state_["world_size"].get<int>();
+  });
 }
 
 void Engine::Impl::CheckpointLoad::run() {
-  attempt([&] { check_machine_copy(); });  // rank by rank: every rank learns of a refusal
+  agree();  // the constructor's reads
+  attempt([&] {
+    check_machine_copy();
+    check();
+  });
   agree();
-  check();
   load_models();
   same_layout_ = saved_world_ == world_ && state_.value("strategy", "") == s_.strategy->name();
   for (size_t i = 0; i < s_.optimizers.size(); ++i) load_optimizer(i);
@@ -141,24 +148,6 @@ void Engine::Impl::CheckpointLoad::check() const {
       throw Error("load_state: data loader " + std::to_string(id) + " had " + std::to_string(l.value("dataset_size", 0)) +
                   " samples when saved, now " + std::to_string(s_.data.loaders[id].spec.dataset_size));
   }
-}
-
-// A copy that save_on_each_node left on one machine holds its own ranks' files only: it
-// loads on the same number of processes, each on the machine that holds its files (the
-// rest of a resharding load reads every saved rank's files).
-void Engine::Impl::CheckpointLoad::check_machine_copy() const {
-  if (!manifest_.contains("ranks")) return;
-  const json& ranks = manifest_["ranks"];
-  const bool mine = std::find(ranks.begin(), ranks.end(), json(rank_)) != ranks.end();
-  if (saved_world_ == world_ && mine) return;
-  const std::string held = ranks.size() == 1 ? "rank " + ranks.front().dump()
-                                              : "ranks " + ranks.front().dump() + " to " + ranks.back().dump();
-  throw Error("load_state: '" + dir_.string() + "' is one machine's copy of a checkpoint saved on each node (it holds "
-              "the files of " + held + " of " +
-              std::to_string(saved_world_) + "); it loads on " + std::to_string(saved_world_) +
-              " processes with the same ranks on each machine" +
-              (saved_world_ == world_ ? ", and this machine runs rank " + std::to_string(rank_) : ", not " + std::to_string(world_)) +
-              " (to resume on another layout, save with save_on_each_node false on a shared file system)");
 }
 
 std::string Engine::Impl::CheckpointLoad::layout(size_t optimizer) const {
@@ -425,7 +414,7 @@ std::string Engine::load_state(const std::string& requested) try {
   const json list = json::parse(broadcast(candidates, 0));
   // save_on_each_node across machines: each machine loads its own copy (under its own
   // project_dir where the names are automatic); a candidate is loadable when it is on all.
-  const bool each_machine = s.config.save_on_each_node && s.process.num_nodes > 1;
+  const bool each_machine = saving_on_each_machine(*this, s.process, s.config.save_on_each_node, "load_state");
   auto local = [&](const std::string& path) -> fs::path {
     if (!each_machine || !requested.empty()) return path;
     return checkpoints_dir(s.config.project_dir) / fs::path(path).filename();
@@ -468,6 +457,9 @@ std::string Engine::load_state(const std::string& requested) try {
   // automatic save never collides with a name that exists.
   for (auto& [n, path] : numbered_checkpoints(checkpoints_dir(s.config.project_dir)))
     s.checkpoints.save_iteration = std::max<int64_t>(s.checkpoints.save_iteration, n + 1);
+  if (each_machine)  // each machine saw its own directory: the next number is after all of them
+    s.checkpoints.save_iteration = static_cast<int64_t>(
+        reduce(torch::tensor({static_cast<double>(s.checkpoints.save_iteration)}, torch::kDouble), "max").item<double>());
   wait_for_everyone();
   get_logger()->info("load_state: resumed from {}", loaded);
   s.checkpoints.resume_settled = true;

@@ -96,8 +96,8 @@ class Engine::Impl::CheckpointLoad {
   Engine& engine_;
   Impl& s_;
   const std::filesystem::path dir_;
-  const nlohmann::json manifest_;
-  const nlohmann::json state_;
+  nlohmann::json manifest_;  // set by the constructor (or failure_ says why not)
+  nlohmann::json state_;
   const int rank_, world_;
   const bool sharded_;
   int saved_world_ = 1;

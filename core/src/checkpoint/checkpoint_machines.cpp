@@ -1,5 +1,6 @@
 // save_on_each_node: which rank writes each machine's copy of a checkpoint, the model's full
-// tensors passed to those ranks, and each machine's view of the checkpoints load_state finds.
+// tensors passed to those ranks, each machine's view of the checkpoints load_state finds, and
+// the refusal of a copy where its ranks do not run.
 #include "checkpoint/checkpoint_machines.hpp"
 
 #include <hasten/error.hpp>
@@ -11,6 +12,7 @@
 #include <random>
 
 #include "checkpoint/checkpoint_files.hpp"
+#include "checkpoint/checkpoint_load.hpp"
 
 namespace hasten::detail {
 
@@ -42,6 +44,18 @@ std::string random_token() {
 }
 
 }  // namespace
+
+bool saving_on_each_machine(Engine& engine, const ProcessInfo& process, bool configured, const char* what) {
+  if (process.num_nodes <= 1) return false;
+  torch::Tensor flag = torch::full({2}, configured ? 1.0 : 0.0, torch::kDouble);
+  flag[1] = -flag[1];  // [max, -min] in one reduction
+  flag = engine.reduce(flag, "max");
+  const bool any = flag[0].item<double>() > 0, all = -flag[1].item<double>() > 0;
+  if (any != all)
+    throw UsageError(std::string(what) + ": save_on_each_node is true on some machines and false on others; give "
+                     "every machine the same value");
+  return all;
+}
 
 MachineCopies prepare_machine_copies(Engine& engine, const ProcessInfo& process, const fs::path& target,
                                      bool refuse_existing) {
@@ -85,6 +99,7 @@ MachineCopies prepare_machine_copies(Engine& engine, const ProcessInfo& process,
     }
   }
   MachineCopies out;
+  out.save = token;
   for (auto& [machine, w] : copy_of)
     if (w >= 0 && w == writer_of.at(machine)) out.writers.push_back(w);
   std::sort(out.writers.begin(), out.writers.end());
@@ -113,7 +128,7 @@ NamedTensors share_with_writers(Engine& engine, int rank, const NamedTensors& fu
   NamedTensors out;
   for (size_t k = 0; k < header.size(); ++k) {
     const auto dtype = static_cast<c10::ScalarType>(header[k][1].get<int>());
-    torch::Tensor t = rank == 0 ? full[k].second.contiguous()
+    torch::Tensor t = rank == 0 ? full[k].second.to(torch::kCPU).contiguous()  // the CPU backend carries it
                                 : torch::empty(header[k][2].get<std::vector<int64_t>>(), torch::TensorOptions().dtype(dtype));
     engine.broadcast_(t, 0);
     if (writer) out.emplace_back(header[k][0].get<std::string>(), std::move(t));
@@ -124,14 +139,31 @@ NamedTensors share_with_writers(Engine& engine, int rank, const NamedTensors& fu
 std::vector<std::string> verify_on_each_machine(Engine& engine, const ProcessInfo& process,
                                                 const std::vector<std::pair<std::string, std::string>>& candidates,
                                                 const std::function<fs::path(const std::string&)>& local) {
+  auto save_of = [](const fs::path& dir) {
+    try {
+      return read_manifest(dir).value("save", std::string());
+    } catch (const std::exception&) {
+      return std::string();
+    }
+  };
+  // Rank 0's copies' save tokens: every machine's copy of a candidate must carry the same.
+  json tokens = json::array();
+  if (process.rank == 0)
+    for (auto& [path, why] : candidates) tokens.push_back(why.empty() ? save_of(path) : std::string());
+  tokens = json::parse(engine.broadcast(tokens.dump(), 0));
   std::vector<std::string> why(candidates.size());
   for (size_t c = 0; c < candidates.size(); ++c) why[c] = candidates[c].second;
   for (auto [machine, first] : machine_writers(engine, process)) {
     if (first == 0) continue;  // rank 0 checked them
     json mine = json::array();
     if (process.rank == first)
-      for (auto& [path, rank0_why] : candidates) {
-        const std::string v = verify_checkpoint(local(path));
+      for (size_t c = 0; c < candidates.size(); ++c) {
+        const fs::path dir = local(candidates[c].first);
+        recover_checkpoint(dir);  // a copy a killed save left set aside
+        std::string v = verify_checkpoint(dir);
+        if (v.empty() && c < tokens.size() && save_of(dir) != tokens[c].get<std::string>())
+          v = "'" + dir.string() + "' is a copy of another save than machine 0's (their manifests' save tokens "
+              "differ: one machine's save did not finish, or the directory holds an older run's)";
         mine.push_back(v.empty() ? "" : "on machine " + std::to_string(machine) + ": " + v);
       }
     mine = json::parse(engine.broadcast(mine.dump(), first));
@@ -139,6 +171,25 @@ std::vector<std::string> verify_on_each_machine(Engine& engine, const ProcessInf
       if (why[c].empty()) why[c] = mine[c].get<std::string>();
   }
   return why;
+}
+
+// A copy that save_on_each_node left on one machine holds its own ranks' files only: it
+// loads on the same number of processes, each on the machine that holds its files (the
+// rest of a resharding load reads every saved rank's files).
+void Engine::Impl::CheckpointLoad::check_machine_copy() const {
+  if (!manifest_.contains("ranks")) return;
+  const json& ranks = manifest_["ranks"];
+  const bool mine = std::find(ranks.begin(), ranks.end(), json(rank_)) != ranks.end();
+  const std::string saved_strategy = state_.value("strategy", "");
+  if (saved_world_ == world_ && mine && saved_strategy == s_.strategy->name()) return;
+  const std::string held = (ranks.size() == 1 ? "rank " : "ranks ") + ranks.dump();
+  throw Error("load_state: '" + dir_.string() + "' is one machine's copy of a checkpoint saved on each node (it holds "
+              "the files of " + held + " of " + std::to_string(saved_world_) + "); it loads on " +
+              std::to_string(saved_world_) + " processes under " + saved_strategy + " with the same ranks on each machine" +
+              (saved_world_ != world_                      ? ", not " + std::to_string(world_)
+               : saved_strategy != s_.strategy->name() ? ", not under " + s_.strategy->name()
+                                                        : ", and this machine runs rank " + std::to_string(rank_)) +
+              " (to resume on another layout, save with save_on_each_node false on a shared file system)");
 }
 
 }  // namespace hasten::detail

@@ -20,7 +20,13 @@ struct MachineCopies {
   std::vector<int> writers;  // the ranks that write a copy (each machine's lowest rank), ascending
   bool writer = false;       // this rank writes one
   std::vector<int> ranks;    // on a writer: the ranks whose files its copy holds, ascending
+  std::string save;          // the save's random token, in every copy's manifest ("save")
 };
+
+// Collective where the run spans machines: whether save_state/load_state (`what`) keep a copy
+// on each machine (save_on_each_node, and more than one machine). Every rank must agree, or
+// the two paths' collectives would not meet: a difference is a UsageError on every rank.
+bool saving_on_each_machine(Engine& engine, const ProcessInfo& process, bool configured, const char* what);
 
 // Collective. Each machine's lowest rank, machine by machine, prepares the save of `target`
 // on its own disk (prepare_save; `target` is this machine's path: automatic names resolve
@@ -39,8 +45,10 @@ NamedTensors share_with_writers(Engine& engine, int rank, const NamedTensors& fu
 
 // Collective, for load_state: each machine's view of the candidate checkpoints rank 0 found
 // (`candidates`: [path, why-not] pairs, why-not "" when loadable). Each machine's lowest
-// rank checks its own copy of each (`local(path)` names it there); the result says for each
-// candidate why it cannot be loaded on some machine ("" when it can everywhere).
+// rank puts back a copy a killed save left set aside, then checks its own copy of each
+// (`local(path)` names it there) and that it is a copy of the same save as rank 0's (the
+// manifests' "save" tokens); the result says for each candidate why it cannot be loaded on
+// some machine ("" when it can everywhere).
 std::vector<std::string> verify_on_each_machine(Engine& engine, const ProcessInfo& process,
                                                 const std::vector<std::pair<std::string, std::string>>& candidates,
                                                 const std::function<std::filesystem::path(const std::string&)>& local);

@@ -125,10 +125,12 @@ std::string Engine::save_state(const std::string& requested) {
   // Where: rank 0 decides and prepares the temporary directory; every rank learns the outcome.
   // save_on_each_node across machines: each machine's lowest rank prepares its own (under its
   // own project_dir where the name is automatic), and writes what rank 0 writes.
-  const bool each_machine = s.config.save_on_each_node && s.process.num_nodes > 1;
+  const bool each_machine = saving_on_each_machine(*this, s.process, s.config.save_on_each_node, "save_state");
   MachineCopies copies;
   fs::path target;
   if (each_machine) {
+    // Rank 0's number: every machine's copy carries the same name.
+    s.checkpoints.save_iteration = std::stoll(broadcast(std::to_string(s.checkpoints.save_iteration), 0));
     target = automatic ? checkpoints_dir(s.config.project_dir) / ("checkpoint_" + std::to_string(s.checkpoints.save_iteration))
                        : fs::path(requested);
     copies = prepare_machine_copies(*this, s.process, target, automatic);
@@ -186,7 +188,7 @@ std::string Engine::save_state(const std::string& requested) {
   for (size_t i = 0; i < s.models.size(); ++i) {
     if (!write_model[i]) continue;
     NamedTensors full = state_dict(i, 0);  // rank 0 holds them
-    if (copies.writers.size() > 1) full = share_with_writers(*this, rank, full, copies.writers);
+    if (copies.writers != std::vector<int>{0}) full = share_with_writers(*this, rank, full, copies.writers);
     if (writer)
       attempt([&] {
         files.push_back(write_file(
@@ -220,9 +222,12 @@ std::string Engine::save_state(const std::string& requested) {
     torch::optim::Optimizer& optimizer = *s.optimizers[i].optimizer;
     NamedTensors pieces;
     bool portable = true;
+    // Unsharded optimizer state is rank 0's file; each machine's copy (save_on_each_node)
+    // carries it too, written by its writer, which holds the same state.
+    const int piece_rank = writer && !s.strategy->has_optimizer_state() ? 0 : rank;
     try {
       for (size_t m = 0; m < s.models.size(); ++m)
-        for (auto& piece : optimizer_pieces(*s.strategy, rank, optimizer, *s.models[m].module, m))
+        for (auto& piece : optimizer_pieces(*s.strategy, piece_rank, optimizer, *s.models[m].module, m))
           pieces.push_back(std::move(piece));
     } catch (const sdk::Error& e) {  // from sdk::param_state, here in the host
       if (e.status() != HASTEN_ERR_UNSUPPORTED) throw;
@@ -235,7 +240,7 @@ std::string Engine::save_state(const std::string& requested) {
     optimizer_layouts.push_back(portable ? "portable" : per_rank ? "per_rank" : "full");
     if (portable && !pieces.empty())
       attempt([&] {
-        files.push_back(write_file(tmp, optimizer_pieces_file(i, rank), [&](const ByteSink& sink) {
+        files.push_back(write_file(tmp, optimizer_pieces_file(i, piece_rank), [&](const ByteSink& sink) {
           write_safetensors(pieces, {}, sink);
         }));
       });
@@ -329,10 +334,8 @@ std::string Engine::save_state(const std::string& requested) {
   if (writer) {
     try {
       json meta = {{"checkpoint", automatic ? json(s.checkpoints.save_iteration) : json(nullptr)}, {"strategy", s.strategy->name()}};
+      if (!copies.save.empty()) meta["save"] = copies.save;  // ties the machines' copies together
       finalize_checkpoint(tmp, target, world, meta, copies.ranks);  // replaces an explicit directory saved again
-      if (automatic && s.config.total_limit > 0)
-        for (auto& why : prune_checkpoints(checkpoints_dir(s.config.project_dir), s.config.total_limit))
-          get_logger()->warn("save_state: could not remove an old checkpoint: {}", why);
     } catch (const std::exception& e) {
       finished = std::string("error:") + e.what();
     }
@@ -344,6 +347,10 @@ std::string Engine::save_state(const std::string& requested) {
     finished = broadcast(finished, who);
     throw Error(finished.substr(6) + (copies.writers.size() > 1 ? " (on the machine of rank " + std::to_string(who) + ")" : ""));
   }
+  // Old checkpoints go only once every copy of the new one is complete.
+  if (writer && automatic && s.config.total_limit > 0)
+    for (auto& why : prune_checkpoints(checkpoints_dir(s.config.project_dir), s.config.total_limit))
+      get_logger()->warn("save_state: could not remove an old checkpoint: {}", why);
   if (automatic) ++s.checkpoints.save_iteration;
   get_logger()->debug("save_state: {}", target.string());
   return target.string();

@@ -117,8 +117,8 @@ Options parse_fsdp_options(const hasten_host_api* host, std::string_view json, i
     std::string keys;
     for (auto& k : wrap_keys) keys += (keys.empty() ? "" : ", ") + k;
     sdk::log(host, HASTEN_LOG_WARN, "fsdp",
-             "fsdp: " + keys + " choose units by Python class or size; in hasten the units are the hasten::Unit "
-             "modules the model declares, and these keys pick nothing");
+             "fsdp: " + keys + " choose FSDP's units in Python (by class, by size, or none); in hasten the units "
+             "are the hasten::Unit modules the model declares, and these keys pick nothing");
   }
   if (auto type = in.text("state_dict_type"); type && *type != "FULL_STATE_DICT")
     sdk::log(host, HASTEN_LOG_WARN, "fsdp",
