@@ -17,6 +17,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   python3 python3-venv              # the interpreter .venv is made from
   libgloo-dev                       # CPU collectives (comm plugin gloo; plugins/comm/gloo/gloo_loader.c)
+  openmpi-bin libopenmpi-dev        # mpirun (tests start runs with it) and the mpi comm plugin
   libboost-dev libboost-filesystem-dev   # Boost.DLL
   libcli11-dev libyaml-cpp-dev nlohmann-json3-dev libdlpack-dev
   libgtest-dev libgmock-dev

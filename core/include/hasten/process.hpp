@@ -18,6 +18,9 @@ struct ProcessInfo {
   int num_nodes = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;        // 0: none given
+  // Where master_port came from when no MASTER_PORT was set ("" otherwise): mpirun's and
+  // srun's job id (process_info.cpp), named in the store's errors.
+  std::string master_port_source;
   std::string launcher = "none";  // none, hasten, torchrun, slurm, openmpi
 
   bool is_main_process() const { return rank == 0; }

@@ -4,6 +4,7 @@
 
 #include <unistd.h>  // environ (glibc declares it with _GNU_SOURCE, which g++ defines)
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 
@@ -43,6 +44,18 @@ struct EnvReader {
     return static_cast<int>(v);
   }
 };
+
+// mpirun and srun give every rank of a job the same job id, and no port: the store's port is
+// 15000 plus the id's last four digits (Lightning's rule for SLURM), so that `mpirun -np 2
+// prog` and `srun -n 2 prog` run with nothing set. Two jobs on one machine whose ids end alike
+// meet the same port; rank 0's store then fails to bind and says to set MASTER_PORT.
+int port_from_job_id(const std::string& id) {
+  size_t digits = 0;
+  while (digits < 4 && digits < id.size() && std::isdigit(static_cast<unsigned char>(id[id.size() - 1 - digits])))
+    ++digits;
+  if (digits == 0) return 0;
+  return 15000 + std::stoi(id.substr(id.size() - digits));
+}
 
 void check(const ProcessInfo& p, const std::string& source) {
   auto bad = [&](const std::string& what) {
@@ -90,6 +103,8 @@ ProcessInfo detect_process_info(const Environment& env) {
     p.node_rank = r.integer("SLURM_NODEID", 0);
     p.local_world_size = p.num_nodes > 0 ? p.world_size / p.num_nodes : p.world_size;
     if (!r.has("MASTER_ADDR")) p.master_addr = r.str("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1");
+    if (!r.has("MASTER_PORT") && (p.master_port = port_from_job_id(r.str("SLURM_JOB_ID"))) > 0)
+      p.master_port_source = "SLURM_JOB_ID " + r.str("SLURM_JOB_ID");
     check(p, "SLURM");
   } else if (r.has("OMPI_COMM_WORLD_RANK") && r.has("OMPI_COMM_WORLD_SIZE")) {
     p.launcher = "openmpi";
@@ -99,6 +114,12 @@ ProcessInfo detect_process_info(const Environment& env) {
     p.local_world_size = r.integer("OMPI_COMM_WORLD_LOCAL_SIZE", p.world_size);
     p.num_nodes = p.local_world_size > 0 ? p.world_size / p.local_world_size : 1;
     p.node_rank = p.local_world_size > 0 ? p.rank / p.local_world_size : 0;
+    if (!r.has("MASTER_PORT") && (p.master_port = port_from_job_id(r.str("OMPI_MCA_ess_base_jobid"))) > 0)
+      p.master_port_source = "the MPI job id " + r.str("OMPI_MCA_ess_base_jobid");
+    // Rank 0's machine is not in mpirun's environment: across machines it must be given.
+    if (p.num_nodes > 1 && !r.has("MASTER_ADDR"))
+      throw ConfigError("environment (OpenMPI): this run spans " + std::to_string(p.num_nodes) +
+                        " machines and MASTER_ADDR is not set: give rank 0's machine (mpirun -x MASTER_ADDR=HOST)");
     check(p, "OpenMPI");
   }
   return p;

@@ -225,7 +225,7 @@ std::unique_ptr<Store> rendezvous(const ProcessInfo& p, int64_t timeout_ms) {
   const std::string where = p.master_addr + ":" + std::to_string(p.master_port);
   if (p.master_port <= 0)
     throw Error("rendezvous: MASTER_PORT is not set (this process has rank " + std::to_string(p.rank) +
-                " of " + std::to_string(p.world_size) + "; start it with hasten launch, torchrun or srun)");
+                " of " + std::to_string(p.world_size) + "; start it with hasten launch, torchrun, srun or mpirun)");
   // Under torchrun the elastic agent already hosts a store at MASTER_PORT: every rank is a
   // client, and keys go under the agent's per-attempt prefix, as torch's env:// does.
   const Environment env = current_environment();
@@ -272,7 +272,13 @@ std::unique_ptr<Store> rendezvous(const ProcessInfo& p, int64_t timeout_ms) {
           server.port = p.master_port;
           server.token = token;
           server.max_clients = 2 * p.world_size + 16;
-          start_store_server(server);
+          try {
+            start_store_server(server);
+          } catch (const Error& e) {
+            if (p.master_port_source.empty()) throw;
+            throw Error(std::string(e.what()) + " (port " + std::to_string(p.master_port) + " comes from " +
+                        p.master_port_source + ": set MASTER_PORT to choose another)");
+          }
           if (token.empty() && !is_loopback_address(bind_host))
             get_logger()->warn("rendezvous: the store at {}:{} has no run token ({} is not set): anyone who reaches "
                                "that address can read and write the run's keys, as with PyTorch's TCPStore; see "

@@ -1,0 +1,14 @@
+// The mpi comm plugin's collective suite, the one gloo and shm pass (collective_checks.hpp).
+// Not a ctest test of its own: MPI gives ranks only to processes mpirun started, so
+// tests/integration/test_mpirun.py runs this program under `mpirun -np 2` and `-np 3` with
+// HASTEN_COMM=mpi.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "collective_checks.hpp"
+
+TEST(Mpi, EveryOperationAndDtypeUnderMpirun) {
+  ASSERT_NE(std::getenv("OMPI_COMM_WORLD_SIZE"), nullptr) << "run this program under mpirun (test_mpirun.py does)";
+  hasten::test::all_operations_and_dtypes();
+}
