@@ -214,6 +214,11 @@ def main():
     collectives = []
     if not args.no_collectives:
         collectives += run_json([bench, "--collectives"], env, log)
+        # The mpi plugin runs only in processes mpirun started (docs/launch.md, "Comm backends").
+        mpi_plugin = os.path.join(args.build, "lib", "hasten", "plugins", "libhasten-comm-mpi.so")
+        if shutil.which("mpirun") and os.path.exists(mpi_plugin):
+            collectives += run_json(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", bench,
+                                     "--collectives", "--comm", "mpi"], env, log)
         collectives += run_json([sys.executable, os.path.join(ROOT, "scripts", "bench_collectives_torch.py")], env, log)
     for rec in collectives:
         raw.write(json.dumps(rec) + "\n")
@@ -255,18 +260,19 @@ def main():
                   "2 x bytes of output; reduce_scatter: its whole input), every rank at once, timed in the same "
                   "run as shm, interleaved with it. cpu: the same in the calling thread's CPU time (shm's waits "
                   "sleep, so this is its copying and reducing; a loaded machine stretches wall time, not this).", "",
-                  "| op | bytes | shm | gloo plugin | c10d ProcessGroupGloo | shm ms | copy ms | shm / copy | "
-                  "shm cpu ms | copy cpu ms | cpu shm / copy | gloo plugin ms | c10d ms |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| op | bytes | shm | gloo plugin | mpi plugin | c10d ProcessGroupGloo | shm ms | copy ms | shm / copy | "
+                  "shm cpu ms | copy cpu ms | cpu shm / copy | gloo plugin ms | mpi plugin ms | c10d ms |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         get = lambda comm, op, b: next((c for c in collectives if c.get("comm") == comm and c["op"] == op and c["bytes"] == b), None)
         for op in ("allreduce", "allgather", "reduce_scatter"):
             for b in sorted({c["bytes"] for c in collectives if c["op"] == op}):
-                s, g, c = get("shm", op, b), get("gloo", op, b), get("c10d-gloo", op, b)
+                s, g, m, c = get("shm", op, b), get("gloo", op, b), get("mpi", op, b), get("c10d-gloo", op, b)
                 cell = lambda x, k: "unsupported" if x and "unsupported" in x else fmt(x[k], 3) if x else "-"
-                lines.append(f"| {op} | {b} | {cell(s, 'gb_per_s')} | {cell(g, 'gb_per_s')} | {cell(c, 'gb_per_s')} | "
+                lines.append(f"| {op} | {b} | {cell(s, 'gb_per_s')} | {cell(g, 'gb_per_s')} | {cell(m, 'gb_per_s')} | "
+                             f"{cell(c, 'gb_per_s')} | "
                              f"{cell(s, 'median_ms')} | {cell(s, 'copy_ms')} | {cell(s, 'vs_copy')} | "
                              f"{cell(s, 'cpu_ms')} | {cell(s, 'copy_cpu_ms')} | {cell(s, 'cpu_vs_copy')} | "
-                             f"{cell(g, 'median_ms')} | {cell(c, 'median_ms')} |")
+                             f"{cell(g, 'median_ms')} | {cell(m, 'median_ms')} | {cell(c, 'median_ms')} |")
     if data_workers:
         lines += ["### Data-bound loop: DataLoader num_workers", "",
                   f"A dataset whose get() costs {data_workers[0]['get_us']:.0f} us of CPU per sample (measured in the "

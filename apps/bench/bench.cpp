@@ -12,6 +12,7 @@
 //
 //   hasten-bench --workload mlp-small --mode ddp2 zero3 --impl hasten
 //   hasten-bench --collectives --comm shm gloo
+//   mpirun -np 2 hasten-bench --collectives --comm mpi     (the mpi plugin runs under mpirun only)
 #include <hasten/error.hpp>
 #include <hasten/launch.hpp>
 #include <hasten/runtime_info.hpp>

@@ -37,88 +37,94 @@ int64_t copy_bytes(const std::string& op, int64_t bytes, int world) {
 }  // namespace
 
 void collectives(const std::string& comm, int64_t max_bytes) {
+  auto body = [comm, max_bytes] {
+    hasten::Accelerator acc;
+    using Clock = std::chrono::steady_clock;
+    const int world = acc.num_processes();
+    for (const std::string op : {"allreduce", "allgather", "reduce_scatter"}) {
+      for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+        const int64_t n = bytes / 4;
+        // Every buffer is allocated and touched once, outside the timing: a collective
+        // into a fresh tensor would time the kernel's page faults, not the collective.
+        auto t = torch::ones({n});
+        auto gathered = torch::zeros({n * world});
+        auto scattered = torch::zeros({n / world});
+        const int64_t copy = copy_bytes(op, bytes, world);
+        auto copy_src = torch::ones({copy / 4}), copy_dst = torch::zeros({copy / 4});
+        auto run_once = [&] {
+          if (op == "allreduce")
+            acc.all_reduce_(t, hasten::ReduceOp::Sum).wait();
+          else if (op == "allgather")
+            acc.all_gather_into(gathered, t);
+          else
+            acc.reduce_scatter_into(scattered, t, hasten::ReduceOp::Sum);
+        };
+        auto seconds = [](auto&& f) {
+          const auto t0 = Clock::now();
+          f();
+          return std::chrono::duration<double>(Clock::now() - t0).count();
+        };
+        // Wall and CPU seconds of the calling thread (shm's waits sleep on a futex after a
+        // 100 us spin, so its CPU time is the copying and reducing, not the waiting for a
+        // core: on a machine with more runnable processes than cores that is the figure
+        // the load leaves alone).
+        auto wall_and_cpu = [](auto&& f) {
+          timespec c0{}, c1{};
+          ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+          const auto t0 = Clock::now();
+          f();
+          const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+          ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+          return std::pair<double, double>{wall, (c1.tv_sec - c0.tv_sec) + (c1.tv_nsec - c0.tv_nsec) * 1e-9};
+        };
+        double each = 0;
+        for (int i = 0; i < 3; ++i) each += seconds(run_once) / 3;
+        // Every rank must run the same number of iterations: agree on the largest wish
+        // (about 0.3 s of work, 5 to 200 iterations).
+        const int64_t wish = std::clamp<int64_t>(static_cast<int64_t>(0.3 / std::max(each, 1e-7)), 5, 200);
+        const int64_t iterations = acc.reduce(torch::tensor({wish}), "max").item<int64_t>();
+        // The copy bound: every rank copies its bytes at the same moment, as in the
+        // collective, interleaved with it so that both see the same machine.
+        std::vector<double> times, copies, cpu_times, cpu_copies;
+        for (int64_t i = 0; i < iterations; ++i) {
+          acc.wait_for_everyone();
+          const auto c = wall_and_cpu([&] { std::memcpy(copy_dst.data_ptr(), copy_src.data_ptr(), static_cast<size_t>(copy)); });
+          copies.push_back(c.first);
+          cpu_copies.push_back(c.second);
+          acc.wait_for_everyone();
+          const auto t = wall_and_cpu(run_once);
+          times.push_back(t.first);
+          cpu_times.push_back(t.second);
+        }
+        // The slowest rank decides.
+        auto slowest = [&](double mine) { return acc.reduce(torch::tensor({mine}, torch::kDouble), "max").item<double>(); };
+        const double took = slowest(median(times)), bound = slowest(median(copies));
+        const double cpu_took = slowest(median(cpu_times)), cpu_bound = slowest(median(cpu_copies));
+        if (acc.is_main_process())
+          std::cout << nlohmann::ordered_json{{"impl", "hasten"}, {"comm", comm}, {"op", op}, {"bytes", bytes},
+                                              {"median_ms", took * 1e3}, {"gb_per_s", bytes / took / 1e9},
+                                              {"copy_bytes", copy}, {"copy_ms", bound * 1e3},
+                                              {"vs_copy", took / bound}, {"cpu_ms", cpu_took * 1e3},
+                                              {"copy_cpu_ms", cpu_bound * 1e3},
+                                              {"cpu_vs_copy", cpu_bound > 0 ? cpu_took / cpu_bound : 0.0},
+                                              {"iterations", times.size()},
+                                              {"world_size", world}}
+                           .dump()
+                    << std::endl;
+      }
+    }
+  };
+  // Under mpirun (`mpirun -np 2 hasten-bench --collectives --comm mpi`: the mpi plugin needs
+  // processes mpirun started) this process is a rank already; otherwise 2 ranks are forked.
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) {
+    ::setenv("HASTEN_COMM", comm.c_str(), 1);
+    body();
+    return;
+  }
   hasten::LaunchOptions lo;
   lo.num_processes = 2;
   lo.env["HASTEN_COMM"] = comm;
-  hasten::launch(
-      [comm, max_bytes] {
-        hasten::Accelerator acc;
-        using Clock = std::chrono::steady_clock;
-        const int world = acc.num_processes();
-        for (const std::string op : {"allreduce", "allgather", "reduce_scatter"}) {
-          for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
-            const int64_t n = bytes / 4;
-            // Every buffer is allocated and touched once, outside the timing: a collective
-            // into a fresh tensor would time the kernel's page faults, not the collective.
-            auto t = torch::ones({n});
-            auto gathered = torch::zeros({n * world});
-            auto scattered = torch::zeros({n / world});
-            const int64_t copy = copy_bytes(op, bytes, world);
-            auto copy_src = torch::ones({copy / 4}), copy_dst = torch::zeros({copy / 4});
-            auto run_once = [&] {
-              if (op == "allreduce")
-                acc.all_reduce_(t, hasten::ReduceOp::Sum).wait();
-              else if (op == "allgather")
-                acc.all_gather_into(gathered, t);
-              else
-                acc.reduce_scatter_into(scattered, t, hasten::ReduceOp::Sum);
-            };
-            auto seconds = [](auto&& f) {
-              const auto t0 = Clock::now();
-              f();
-              return std::chrono::duration<double>(Clock::now() - t0).count();
-            };
-            // Wall and CPU seconds of the calling thread (shm's waits sleep on a futex after a
-            // 100 us spin, so its CPU time is the copying and reducing, not the waiting for a
-            // core: on a machine with more runnable processes than cores that is the figure
-            // the load leaves alone).
-            auto wall_and_cpu = [](auto&& f) {
-              timespec c0{}, c1{};
-              ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
-              const auto t0 = Clock::now();
-              f();
-              const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
-              ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
-              return std::pair<double, double>{wall, (c1.tv_sec - c0.tv_sec) + (c1.tv_nsec - c0.tv_nsec) * 1e-9};
-            };
-            double each = 0;
-            for (int i = 0; i < 3; ++i) each += seconds(run_once) / 3;
-            // Every rank must run the same number of iterations: agree on the largest wish
-            // (about 0.3 s of work, 5 to 200 iterations).
-            const int64_t wish = std::clamp<int64_t>(static_cast<int64_t>(0.3 / std::max(each, 1e-7)), 5, 200);
-            const int64_t iterations = acc.reduce(torch::tensor({wish}), "max").item<int64_t>();
-            // The copy bound: every rank copies its bytes at the same moment, as in the
-            // collective, interleaved with it so that both see the same machine.
-            std::vector<double> times, copies, cpu_times, cpu_copies;
-            for (int64_t i = 0; i < iterations; ++i) {
-              acc.wait_for_everyone();
-              const auto c = wall_and_cpu([&] { std::memcpy(copy_dst.data_ptr(), copy_src.data_ptr(), static_cast<size_t>(copy)); });
-              copies.push_back(c.first);
-              cpu_copies.push_back(c.second);
-              acc.wait_for_everyone();
-              const auto t = wall_and_cpu(run_once);
-              times.push_back(t.first);
-              cpu_times.push_back(t.second);
-            }
-            // The slowest rank decides.
-            auto slowest = [&](double mine) { return acc.reduce(torch::tensor({mine}, torch::kDouble), "max").item<double>(); };
-            const double took = slowest(median(times)), bound = slowest(median(copies));
-            const double cpu_took = slowest(median(cpu_times)), cpu_bound = slowest(median(cpu_copies));
-            if (acc.is_main_process())
-              std::cout << nlohmann::ordered_json{{"impl", "hasten"}, {"comm", comm}, {"op", op}, {"bytes", bytes},
-                                                  {"median_ms", took * 1e3}, {"gb_per_s", bytes / took / 1e9},
-                                                  {"copy_bytes", copy}, {"copy_ms", bound * 1e3},
-                                                  {"vs_copy", took / bound}, {"cpu_ms", cpu_took * 1e3},
-                                                  {"copy_cpu_ms", cpu_bound * 1e3},
-                                                  {"cpu_vs_copy", cpu_bound > 0 ? cpu_took / cpu_bound : 0.0},
-                                                  {"iterations", times.size()},
-                                                  {"world_size", world}}
-                               .dump()
-                        << std::endl;
-          }
-        }
-      },
-      lo);
+  hasten::launch(body, lo);
 }
 
 namespace {
