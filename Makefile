@@ -8,7 +8,7 @@ CTEST_ARGS ?=
 # bench scripts and their PyTorch and accelerate peers run on it, never on the system's python3.
 PYTHON ?= .venv/bin/python
 
-.PHONY: all deps configure build build-demo test test-fast test-slow fuzz demo bench install clean
+.PHONY: all deps configure build build-demo test test-fast test-slow test-cluster fuzz demo bench install clean
 
 all: build
 
@@ -25,10 +25,10 @@ build: configure
 build-demo: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS) --target hasten_demo
 
-# Tests labelled slow (the parity tests under every CPU kernel family, MKL or OpenBLAS) are left out;
-# `make test-slow` runs them.
+# Tests labelled slow (the parity tests under every CPU kernel family, MKL or OpenBLAS) and cluster
+# (a real one-node SLURM) are left out; `make test-slow` and `make test-cluster` run them.
 test: build
-	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE '^slow$$' $(CTEST_ARGS)
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE '^(slow|cluster)$$' $(CTEST_ARGS)
 
 # The unit tests and the quick integration tests (ctest labels unit and quick): a few minutes
 # after a build, for the edit-build-test loop; `make test` stays what CI runs.
@@ -37,6 +37,11 @@ test-fast: build
 
 test-slow: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -L '^slow$$' $(CTEST_ARGS)
+
+# A real one-node SLURM cluster on loopback (tests/integration/test_slurm.py installs slurm-wlm
+# and munge, starts munged, slurmctld and slurmd, and stops them).
+test-cluster: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure -L '^cluster$$' $(CTEST_ARGS)
 
 # Not part of `make test`: the config and safetensors fuzz tests from FUZZ_SEED (default: the
 # time) for FUZZ_SECONDS each (default 120). `make fuzz FUZZ_SEED=7 FUZZ_SECONDS=600`.
