@@ -130,8 +130,9 @@ int run_training(const Args& a, hasten::Options options) {
   int64_t steps_this_run = 0;
   Eval last;
   std::string checkpoint;
+  bool stopped = false;  // SIGTERM/SIGUSR1 (scancel, preemption): a final checkpoint, then return
   const auto limit_reached = [&] { return a.max_steps > 0 && progress.step >= a.max_steps; };
-  while (progress.epoch < a.epochs && !limit_reached()) {
+  while (progress.epoch < a.epochs && !limit_reached() && !stopped) {
     int64_t total = static_cast<int64_t>(train_loader.size());
     if (a.max_steps > 0) total = std::min(total, a.max_steps - progress.step);
     hasten::ProgressOptions po;
@@ -152,9 +153,15 @@ int run_training(const Args& a, hasten::Options options) {
       bar.update(1, per_step);
       if (tracking && a.log_every > 0 && progress.step % a.log_every == 0) acc.log({{"train_loss", l}}, progress.step);
       if (limit_reached()) break;
+      if ((stopped = acc.stop_requested())) break;  // hasten: every rank stops at this step
     }
     train_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_epoch).count();
     bar.close();
+    if (stopped) {  // mid-epoch: the checkpoint keeps the loader's position
+      checkpoint = acc.save_state();
+      if (!a.json) acc.print("stopped by a signal at step ", progress.step, ": saved ", checkpoint);
+      break;
+    }
     last = evaluate(acc, model, test_loader);
     ++progress.epoch;
     if (!a.json)
@@ -166,9 +173,9 @@ int run_training(const Args& a, hasten::Options options) {
               progress.step);
     checkpoint = acc.save_state();  // hasten: <project_dir>/checkpoints/checkpoint_<N>
   }
-  if (last.count == 0 && !a.json)  // resumed after the last epoch: nothing left to train
+  if (last.count == 0 && !stopped && !a.json)  // resumed after the last epoch: nothing left to train
     acc.print("nothing to do: ", progress.epoch, " of ", a.epochs, " epochs already done");
-  if (last.count == 0) last = evaluate(acc, model, test_loader);
+  if (last.count == 0 && !stopped) last = evaluate(acc, model, test_loader);
   if (tracking) acc.end_training();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double samples_per_s = train_s > 0 ? static_cast<double>(steps_this_run * per_step) / train_s : 0.0;
@@ -179,7 +186,8 @@ int run_training(const Args& a, hasten::Options options) {
                              {"steps", progress.step},         {"seconds", seconds},
                              {"train_seconds", train_s},       {"samples_per_s", samples_per_s},
                              {"num_processes", acc.num_processes()}, {"strategy", acc.strategy()},
-                             {"checkpoint", checkpoint},       {"resumed_from", resumed_from}};
+                             {"checkpoint", checkpoint},       {"resumed_from", resumed_from},
+                             {"stopped", stopped}};
     std::cout << j.dump() << std::endl;
   } else {
     std::cout << "done: test accuracy " << last.accuracy << " on " << last.count << " images after "

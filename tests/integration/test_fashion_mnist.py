@@ -10,8 +10,11 @@ Skips (exit 77) when Debian's dataset-fashion-mnist is not installed; scripts/in
 installs it."""
 import json
 import os
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 
 import harness as h
 
@@ -82,4 +85,47 @@ with tempfile.TemporaryDirectory() as tmp:
         h.fail(f"--resume did not continue from the saved checkpoint: {again}")
     if abs(again["test_accuracy"] - ddp["test_accuracy"]) > 1e-9:
         h.fail(f"resumed weights evaluate to {again['test_accuracy']}, the run ended at {ddp['test_accuracy']}")
+
+    # A signal to one rank (SIGTERM: scancel, a launcher's stop; here to rank 1 only): the loop
+    # asks acc.stop_requested() each step, every rank stops at the same step, a final
+    # checkpoint is saved mid-epoch and the run returns 0; --resume continues from it.
+    project = os.path.join(tmp, "stopped")
+    cmd = h.hasten("launch", "--num_processes", "2", "--main_process_port", "0", "--strategy", "ddp",
+                   *program("--epochs", "50", "--batch_size", "64", "--json", "--project_dir", project))
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def workers():
+        found = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == launcher.pid:  # the parent pid
+                found.append(int(pid))
+        return sorted(found)
+    deadline = time.monotonic() + 120
+    while len(workers()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(3)  # past the set-up: training
+    os.kill(workers()[-1], signal.SIGTERM)
+    out, err = launcher.communicate(timeout=300)
+    if launcher.returncode != 0:
+        h.fail(f"a run stopped by SIGTERM exited {launcher.returncode}:\n{err}")
+    stopped = summary(subprocess.CompletedProcess([], 0, out, err), "stopped by SIGTERM")
+    if not stopped["stopped"] or not stopped["checkpoint"] or stopped["steps"] <= 0 or stopped["epochs"] != 0:
+        h.fail(f"SIGTERM to rank 1: {stopped}")
+    if not os.path.isfile(os.path.join(stopped["checkpoint"], "manifest.json")):
+        h.fail(f"the final checkpoint {stopped['checkpoint']} is not complete")
+    print(f"ok: SIGTERM to rank 1 stopped both ranks at step {stopped['steps']}, saved {stopped['checkpoint']}")
+    more = summary(h.run(h.hasten("launch", "--num_processes", "2", "--main_process_port", "0", "--strategy", "ddp",
+                                  *program("--epochs", "50", "--batch_size", "64", "--json", "--project_dir", project,
+                                           "--resume", "--max_steps", str(stopped["steps"] + 5))), check=True),
+                   "resumed")
+    if more["resumed_from"] != stopped["checkpoint"] or more["steps"] != stopped["steps"] + 5 or more["stopped"]:
+        h.fail(f"--resume after the stop: {more}")
+    print(f"ok: --resume continued from step {stopped['steps']} to {more['steps']}")
 print("ok")

@@ -7,7 +7,8 @@ stopped and removed at the end. Then:
 - an sbatch script (docs/launch.md's, one node) does the same, read back from its output file;
 - a task SIGKILLed at step 10 ends the step: srun names the task, and the surviving rank's
   error names the rank that died;
-- scancel of a running job stops it: the job ends CANCELLED and none of its processes is left.
+- scancel of a running job stops it: the ranks see acc.stop_requested() at one step, write a
+  final checkpoint and return; the job ends CANCELLED and none of its processes is left.
 Skips (exit 77) when the packages cannot be installed or Fashion-MNIST is missing."""
 import json
 import os
@@ -109,7 +110,7 @@ MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 PlugStackConfig=/dev/null
-KillWait=5
+KillWait=30
 NodeName={node} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 """)
@@ -208,13 +209,21 @@ srun {PROGRAM} {' '.join(long_args)} --project_dir {d}/cancelled
             p = subprocess.run(["pgrep", "-f", f"{d}/cancelled"], capture_output=True, text=True)
             return [int(x) for x in p.stdout.split()]
         wait_until("its two training processes", lambda: len(training_processes()) >= 2, 120)
+        time.sleep(6)  # past the set-up (reading the data): the loop asks stop_requested() from its first step
         h.run(["scancel", job], env=env, check=True)
         state = wait_until(f"job {job} to end after scancel", lambda: job_state(job) in ("CANCELLED", "COMPLETED",
                                                                                           "FAILED") and job_state(job), 120)
         if state != "CANCELLED":
             h.fail(f"job {job} after scancel: {state}")
         wait_until("the cancelled job's processes to be gone", lambda: not training_processes(), 60)
-        print(f"ok: scancel {job}: CANCELLED, no process left")
+        # scancel's SIGTERM reached the ranks: acc.stop_requested() stopped them at one step,
+        # and rank 0 wrote the final checkpoint before returning (within KillWait).
+        text = open(out).read() if os.path.exists(out) else ""
+        got = summary_of(text, "the cancelled job")
+        if not got["stopped"] or not os.path.isfile(os.path.join(got["checkpoint"], "manifest.json")):
+            h.fail(f"scancel: no final checkpoint: {got}")
+        print(f"ok: scancel {job}: CANCELLED, a final checkpoint at step {got['steps']} ({got['checkpoint']}), "
+              "no process left")
     finally:
         for name in reversed(daemons):
             pid = pid_of(name)

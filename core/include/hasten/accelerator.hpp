@@ -14,8 +14,7 @@
 //
 // Prepared objects share the Accelerator's state and stay valid after it goes out of scope.
 // They, the scopes, Work and the learning-rate schedules have headers of their own
-// (prepared_*.hpp, scopes.hpp, work.hpp, schedulers.hpp); this one includes them all, so a
-// training program needs only this header.
+// (prepared_*.hpp, scopes.hpp, work.hpp, schedulers.hpp); a program needs only this one.
 #pragma once
 
 #include <hasten/config.hpp>
@@ -315,10 +314,11 @@ class Accelerator {
     if (apply_padding && extra != 0 && count == base && !items.empty()) out.push_back(items.back());
     return out;
   }
-  // A flag any rank can raise and every rank sees at the next check_trigger() (collective).
+  // A flag any rank can raise and every rank sees at the next check_trigger() (collective);
+  // stop_requested(): SIGTERM or SIGUSR1 reached a rank since its first call (docs/api.md).
   void set_trigger() { engine_->set_trigger(); }
   bool check_trigger() { return engine_->check_trigger(); }
-
+  bool stop_requested() { return engine_->stop_requested(); }
   // --- Accelerate's object collectives, nested collectives, splits, RNG sync and run-on
   // helpers (hasten/object_collectives.hpp, nested.hpp, run_on.hpp) ---
   // Every rank's object: a std::vector gives every rank's elements concatenated in rank order

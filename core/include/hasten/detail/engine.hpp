@@ -167,6 +167,7 @@ class Engine {
   std::string backend_for(const torch::Device& device) const;
   void set_trigger();
   bool check_trigger();
+  bool stop_requested();  // stop_signals.cpp
 
   // Checkpoints (checkpoint_save.cpp, checkpoint_load.cpp). An object registered for checkpointing saves and loads
   // either bytes or named tensors.
