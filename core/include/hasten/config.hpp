@@ -55,6 +55,18 @@ struct Options {
   std::string origin = "code";
 };
 
+// Config key `profile`: LibTorch's profiler over a window of optimizer steps, one Chrome trace
+// per rank (core/src/engine/profiling.cpp). Steps count from 0: the window records steps
+// wait + warmup to wait + warmup + active - 1; the warmup steps start the profiler and are
+// dropped, as torch.profiler.schedule's.
+struct ProfileSettings {
+  bool enabled = false;  // the key (or any of its fields) was given
+  int wait = 0;
+  int warmup = 1;
+  int active = 3;
+  std::string dir;  // "" -> <project_dir>/profile
+};
+
 // The resolved configuration.
 struct Config {
   // Accelerate's keys.
@@ -114,6 +126,7 @@ struct Config {
   // Models built without their full weights: from the Accelerator's construction to its first
   // prepare, each hasten::Unit keeps only this rank's shard once constructed (stage 3).
   bool sharded_init = false;
+  ProfileSettings profile;
   bool sync_with_dataloader = true;
   // Departures from Accelerate, each with Accelerate's arithmetic as an option.
   std::string short_window_loss_division = "window";  // "steps": divide by N, as Accelerate

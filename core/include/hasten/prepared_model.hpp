@@ -6,6 +6,7 @@
 #include <hasten/error.hpp>
 #include <hasten/unit.hpp>
 
+#include <ATen/record_function.h>
 #include <torch/types.h>
 
 #include <exception>
@@ -74,9 +75,10 @@ class PreparedModel {
   }
   template <class... Args>
   auto forward(Args&&... args) {
+    RECORD_USER_SCOPE("hasten::forward");  // a range in any LibTorch profile (config key profile)
     engine_->forward_begins();
     engine_->model_called(index_);
-    detail::AutocastGuard guard(*engine_);
+    detail::AutocastGuard autocast(*engine_);
     if (!engine_->unit_events()) {
       auto out = module_->forward(std::forward<Args>(args)...);
       std::vector<torch::Tensor> outputs;

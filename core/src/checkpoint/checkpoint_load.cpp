@@ -388,6 +388,7 @@ void Engine::Impl::CheckpointLoad::apply_gradients(size_t i) {
 // A function-try-block: a hand-edited hasten_state.json whose fields have the wrong types
 // makes nlohmann throw from anywhere below; it becomes one line naming the file.
 std::string Engine::load_state(const std::string& requested) try {
+  TraceRange range("hasten::load_state");
   Impl& s = *impl_;
   if (!s.data.active.empty())
     throw UsageError("load_state: called while a prepared data loader is being iterated; call it after prepare and "

@@ -23,6 +23,7 @@
 #include "checkpoint/optimizer_state.hpp"
 #include "engine/engine_state.hpp"
 #include "util/test_hooks.hpp"
+#include "util/trace_ranges.hpp"
 
 namespace hasten::detail {
 
@@ -117,6 +118,7 @@ std::vector<bool> Engine::Impl::run_state_pre_hooks(bool save, const std::string
 }
 
 std::string Engine::save_state(const std::string& requested) {
+  TraceRange range("hasten::save_state");
   Impl& s = *impl_;
   const int rank = s.process.rank, world = s.process.world_size;
   const bool main = rank == 0;

@@ -1,4 +1,5 @@
 #include "comm/plugin_communicator.hpp"
+#include "util/trace_ranges.hpp"
 
 #include "comm/current_stream.hpp"
 
@@ -45,6 +46,7 @@ class PluginWork final : public Work {
   }
   void wait(int64_t timeout_ms) override {
     if (done_) return;
+    TraceRange range("hasten::wait");
     try {
       // The current stream; NULL is LibTorch's default stream, the legacy default stream.
       void* stream = nullptr;
@@ -111,17 +113,20 @@ class PluginCommunicator final : public Communicator {
     return c ? c->name() : "none";
   }
   WorkPtr allreduce(DLTensor& b, hasten_reduce_op op, const hasten_coll_options* o) override {
+    TraceRange range("hasten::allreduce");
     CommInstance& c = route(b.device);
     hasten_coll_options s;
     return wrap(&c, c.allreduce(b, op, on_current_stream(b.device, o, s)), b.device);
   }
   WorkPtr allgather(const DLTensor& in, DLTensor& out, const hasten_coll_options* o) override {
+    TraceRange range("hasten::allgather");
     CommInstance& c = route(in.device);
     hasten_coll_options s;
     return wrap(&c, c.allgather(in, out, on_current_stream(in.device, o, s)), in.device);
   }
   WorkPtr reduce_scatter(const DLTensor& in, DLTensor& out, hasten_reduce_op op,
                          const hasten_coll_options* o) override {
+    TraceRange range("hasten::reduce_scatter");
     CommInstance& c = route(in.device);
     hasten_coll_options s;
     if (c.has_reduce_scatter())
@@ -141,11 +146,13 @@ class PluginCommunicator final : public Communicator {
     return nullptr;
   }
   WorkPtr broadcast(DLTensor& b, int root, const hasten_coll_options* o) override {
+    TraceRange range("hasten::broadcast");
     CommInstance& c = route(b.device);
     hasten_coll_options s;
     return wrap(&c, c.broadcast(b, root, on_current_stream(b.device, o, s)), b.device);
   }
   void barrier(const hasten_coll_options* o) override {
+    TraceRange range("hasten::barrier");
     if (auto w = wrap(cpu_.get(), cpu_->barrier(o), DLDevice{kDLCPU, 0})) w->wait(0);
   }
 

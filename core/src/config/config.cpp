@@ -17,6 +17,7 @@
 #include "config/config_schema.hpp"
 #include "config/config_sources.hpp"
 #include "config/described_options.hpp"
+#include "config/profile_config.hpp"
 #include "config/strategy_vocabulary.hpp"
 #include "util/text_util.hpp"
 
@@ -267,6 +268,7 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
   for (auto& t : merged["plugin_path"]) c.plugin_path.push_back(t.get<std::string>());
   c.precision_options = merged["precision_options"].dump();
   c.tracker_options = merged["tracker_options"].dump();
+  c.profile = parse_profile(merged["profile"], "profile (" + where("profile") + ")");
   c.trackers_in_process = merged["trackers_in_process"].get<bool>();
   {
     // Keyed by device type when any key is one (the shape of `comm`); otherwise the whole

@@ -90,6 +90,9 @@ const Schema& core_schema() {
       {"save_on_each_node", T::Bool, false, {}, {}, {},
        "Each machine's first process writes a whole checkpoint on that machine (no shared file system); "
        "each machine resumes from its own copy"},
+      {"profile", T::Map, json::object(), {}, {}, {},
+       "LibTorch's profiler over optimizer steps: {wait: 0, warmup: 1, active: 3, dir: <project_dir>/profile}; "
+       "one Chrome trace per rank (Perfetto, TensorBoard) with hasten's phases as named ranges"},
       {"resume", T::String, "no", {}, {}, {},
        "Continue from a checkpoint when the loop starts: no, auto (the newest complete one under "
        "<project_dir>/checkpoints, if any) or a checkpoint directory"},

@@ -266,6 +266,17 @@ void resolve_pending(Layer& layer, const Schema& full) {
       }
       case PendingKey::Source::Set: {
         const KeySpec* spec = find_spec(full, p.path);
+        // One field of a mapping-valued key (`profile.active=3`): merged into that key's mapping,
+        // as mappings from different sources are (the key checks its own fields).
+        const auto dot = p.path.find('.');
+        const KeySpec* map = spec == nullptr && dot != std::string::npos ? find_spec(full, p.path.substr(0, dot)) : nullptr;
+        if (map != nullptr && map->type == KeyType::Map && p.path.find('.', dot + 1) == std::string::npos) {
+          json& fields = layer.values[map->path];
+          if (!fields.is_object()) fields = json::object();
+          fields[p.path.substr(dot + 1)] = p.value;
+          layer.origin[map->path] = p.origin;
+          break;
+        }
         if (spec == nullptr || spec->type == KeyType::Section) {
           std::vector<std::string> all;
           for (auto& k : full) all.push_back(k.path);

@@ -80,6 +80,7 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
   s.precision_autocast = s.precision->has_autocast();
   s.unit_events = s.strategy->has_unit_events();
   s.start_sharded_build(*this);
+  s.profile_tick();  // a window that starts at step 0 records from here
   // Every plugin this run names is selected: what the probe refused is now only a warning.
   registry.report_skipped_files();
   get_logger()->debug("accelerator: strategy {}, precision {}, device {}, rank {}/{}",
@@ -88,6 +89,7 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
 }
 
 Engine::~Engine() {
+  impl_->profile_finish();  // a run that ended inside the window writes what it recorded
   Impl::stop_sharded_build(*this);
   // Units outlive the engine when the user keeps the model: detach them first.
   for (auto& m : impl_->models)

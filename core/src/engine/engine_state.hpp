@@ -73,6 +73,14 @@ struct Engine::Impl {
   JoinState join;                  // join.cpp
   LoaderRegistry data;             // loader_tracking.cpp
   CheckpointRegistry checkpoints;  // checkpoint/
+  // profiling.cpp (config key profile): where the profiler's window stands.
+  struct ProfileWindow {
+    int64_t step = 0;   // optimizer steps of the first optimizer so far
+    int64_t first = 0;  // the first recorded step
+    bool prepared = false, recording = false, done = false;
+  } profiling;
+  void profile_tick();              // at construction and after each step of optimizer 0
+  void profile_finish() noexcept;   // the window's end, or the run's
 
   // Whether backward reduces this model's gradients now; tells the strategy when it changes.
   bool wants_gradient_sync(const ModelEntry& e) const;

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "engine/engine_state.hpp"
+#include "util/trace_ranges.hpp"
 
 namespace hasten::detail {
 
@@ -50,9 +51,14 @@ void Engine::optimizer_step(size_t index) {
   OptimizerEntry& e = s.optimizers.at(index);
   s.join_round_before_step(index);  // inside join_uneven_inputs under zero1/zero2 (join.cpp)
   s.step_optimizer(e);
+  if (index == 0) {
+    ++s.profiling.step;
+    s.profile_tick();
+  }
 }
 
 void Engine::Impl::step_optimizer(OptimizerEntry& e) {
+  TraceRange range("hasten::optimizer_step");
   const bool skip = precision->before_step(*e.optimizer);
   if (!skip) {
     strategy->before_optimizer_step(*e.optimizer);
@@ -123,6 +129,7 @@ bool Engine::scheduler_should_step() const {
 // ---- backward and gradients ---------------------------------------------------------------
 
 void Engine::backward(const torch::Tensor& loss, bool retain_graph) {
+  TraceRange range("hasten::backward");
   Impl& s = *impl_;
   if (s.accumulation.depth == 0 && s.accumulation.scope_ended_unused && s.config.gradient_accumulation_steps > 1)
     throw UsageError("backward: the accumulate() scope of this micro-batch already ended (a discarded "

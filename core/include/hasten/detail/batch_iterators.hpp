@@ -9,6 +9,7 @@
 #include <hasten/detail/dataset_traits.hpp>
 #include <hasten/error.hpp>
 
+#include <ATen/record_function.h>
 #include <torch/data/dataloader/base.h>
 #include <torch/data/example.h>
 #include <torch/types.h>
@@ -126,6 +127,7 @@ class BatchIterator {
 
   reference operator*() {
     if (!loaded_) {
+      RECORD_USER_SCOPE("hasten::data_wait");  // a range in any LibTorch profile (config key profile)
       int64_t pad = 0;
       if (reading_.num_workers > 0) {
         if (!prefetcher_)

@@ -1,0 +1,104 @@
+// The config key `profile`: LibTorch's (Kineto) profiler over a window of optimizer steps, on
+// every rank, one Chrome trace per rank that Perfetto and TensorBoard's trace viewer open.
+// hasten's phases are named user-scope ranges in it (TraceRange, util/trace_ranges.hpp, in the
+// core; RECORD_USER_SCOPE in the header templates prepared_model.hpp and batch_iterators.hpp):
+// hasten::forward, hasten::backward, hasten::optimizer_step, hasten::data_wait, each collective
+// the host issues (hasten::allreduce, ...) and its wait (hasten::wait), hasten::save_state and
+// hasten::load_state. They appear in any LibTorch profile, a program's own too.
+//
+// Steps are the optimizer steps of the first prepared optimizer, counted from 0. At the start
+// of step `wait` the profiler is prepared (warmup steps run it and are dropped, as
+// torch.profiler.schedule's), at step wait + warmup it records, and after `active` steps it
+// stops and writes <dir>/<host>_rank<R>.pt.trace.json (the name TensorBoard's PyTorch profiler
+// plugin lists). A run that ends inside the window writes what it recorded.
+#include <hasten/logging.hpp>
+
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "engine/engine_state.hpp"
+#include "util/trace_ranges.hpp"
+
+namespace hasten::detail {
+
+namespace {
+
+namespace profiler = torch::autograd::profiler;
+using torch::profiler::impl::ActivityType;
+using torch::profiler::impl::ProfilerConfig;
+using torch::profiler::impl::ProfilerState;
+
+// hasten's ranges in any LibTorch profile, this one's or one the program runs itself: the
+// functions are installed when libhasten loads, and cost nothing while no profiler listens.
+void* begin_range(const char* name) {
+  if (!at::hasCallbacks()) return nullptr;
+  auto* range = new at::RecordFunction(at::RecordScope::USER_SCOPE);
+  if (range->isActive()) range->before(name);
+  return range;
+}
+
+void end_range(void* handle) { delete static_cast<at::RecordFunction*>(handle); }
+
+const bool kRangesInstalled = [] {
+  set_trace_ranges(begin_range, end_range);
+  return true;
+}();
+
+ProfilerConfig kineto_config() { return ProfilerConfig(ProfilerState::KINETO); }
+
+std::set<ActivityType> activities(const torch::Device& device) {
+  std::set<ActivityType> a{ActivityType::CPU};
+  if (device.is_cuda()) a.insert(ActivityType::CUDA);
+  return a;
+}
+
+}  // namespace
+
+void Engine::Impl::profile_tick() {
+  ProfileWindow& w = profiling;
+  const ProfileSettings& p = config.profile;
+  if (!p.enabled || w.done) return;
+  const int64_t start = p.wait + p.warmup, stop = start + p.active;
+  try {
+    if (w.step == p.wait && p.warmup > 0 && !w.prepared) {
+      profiler::prepareProfiler(kineto_config(), activities(device));
+      w.prepared = true;
+    }
+    if (w.step == start && !w.recording) {
+      if (!w.prepared) profiler::prepareProfiler(kineto_config(), activities(device));
+      profiler::enableProfiler(kineto_config(), activities(device), {at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE});
+      w.recording = true;
+      w.first = w.step;
+    }
+    if (w.step == stop && w.recording) profile_finish();
+  } catch (const std::exception& e) {
+    w.done = true;
+    get_logger()->warn("profile: the profiler could not start or stop ({}); this run goes on without it", e.what());
+  }
+}
+
+void Engine::Impl::profile_finish() noexcept {
+  ProfileWindow& w = profiling;
+  if (!w.recording || w.done) return;
+  w.done = true;
+  w.recording = false;
+  try {
+    std::unique_ptr<profiler::ProfilerResult> result = profiler::disableProfiler();
+    namespace fs = std::filesystem;
+    const fs::path dir = config.profile.dir.empty() ? fs::path(config.project_dir) / "profile" : fs::path(config.profile.dir);
+    fs::create_directories(dir);
+    char host[256] = {0};
+    ::gethostname(host, sizeof host - 1);
+    const fs::path file = dir / (std::string(host) + "_rank" + std::to_string(process.rank) + ".pt.trace.json");
+    result->save(file.string());
+    get_logger()->info("profile: steps {} to {} written to {}", w.first, w.step - 1, file.string());
+  } catch (const std::exception& e) {
+    get_logger()->warn("profile: writing the trace failed: {}", e.what());
+  }
+}
+
+}  // namespace hasten::detail
