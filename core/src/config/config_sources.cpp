@@ -266,14 +266,16 @@ void resolve_pending(Layer& layer, const Schema& full) {
       }
       case PendingKey::Source::Set: {
         const KeySpec* spec = find_spec(full, p.path);
-        // One field of a mapping-valued key (`profile.active=3`): merged into that key's mapping,
-        // as mappings from different sources are (the key checks its own fields).
+        // One field of a mapping-valued key whose fields hasten checks itself (`profile.active=3`):
+        // merged into that key's mapping, as mappings from different sources are. Other
+        // mappings (plugin options, Accelerate's compatibility sections) are set whole.
         const auto dot = p.path.find('.');
         const KeySpec* map = spec == nullptr && dot != std::string::npos ? find_spec(full, p.path.substr(0, dot)) : nullptr;
-        if (map != nullptr && map->type == KeyType::Map && p.path.find('.', dot + 1) == std::string::npos) {
+        if (map != nullptr && map->path == "profile" && p.path.find('.', dot + 1) == std::string::npos) {
+          const json field = convert(*map, json{{p.path.substr(dot + 1), p.value}}, p.where);  // UTF-8, shape
           json& fields = layer.values[map->path];
           if (!fields.is_object()) fields = json::object();
-          fields[p.path.substr(dot + 1)] = p.value;
+          fields.merge_patch(field);
           layer.origin[map->path] = p.origin;
           break;
         }

@@ -4,10 +4,13 @@
 //
 // The handlers are installed by the first call, not by the Accelerator: a program that never
 // asks keeps the default action (SIGTERM ends it), so a launcher's SIGTERM still stops it. A
-// second signal of the same kind restores the default and re-raises it: a stuck save does not
-// make the process unkillable.
+// second signal of the same kind takes the default action: a stuck save does not make the
+// process unkillable. A program that set its own handler (or SIG_IGN) keeps it.
+#include <hasten/logging.hpp>
+
 #include <signal.h>
 
+#include <atomic>
 #include <mutex>
 
 #include "engine/engine_state.hpp"
@@ -16,15 +19,18 @@ namespace hasten::detail {
 
 namespace {
 
-volatile sig_atomic_t g_stop_signal = 0;  // the first stop signal received (0: none)
+// The stop signals received so far, one bit each. Lock-free (a signal handler may run on any
+// thread while the training thread reads it).
+std::atomic<int> g_received{0};
+static_assert(std::atomic<int>::is_always_lock_free, "a signal handler needs a lock-free flag");
+
+int bit_of(int sig) { return sig == SIGTERM ? 1 : 2; }
 
 extern "C" void on_stop_signal(int sig) {
-  if (g_stop_signal != 0) {  // the second: the default action, now
+  if (g_received.fetch_or(bit_of(sig)) & bit_of(sig)) {  // the second of this kind: its default action, now
     ::signal(sig, SIG_DFL);
     ::raise(sig);
-    return;
   }
-  g_stop_signal = sig;
 }
 
 void arm_stop_signals() {
@@ -34,7 +40,17 @@ void arm_stop_signals() {
     action.sa_handler = on_stop_signal;
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;  // interrupted reads and waits resume
-    for (int sig : {SIGTERM, SIGUSR1}) ::sigaction(sig, &action, nullptr);
+    for (int sig : {SIGTERM, SIGUSR1}) {
+      struct sigaction previous {};
+      ::sigaction(sig, nullptr, &previous);
+      // A program that ignores the signal, or handles it itself, keeps its own way, and hears so.
+      if (previous.sa_handler == SIG_DFL && !(previous.sa_flags & SA_SIGINFO))
+        ::sigaction(sig, &action, nullptr);
+      else
+        get_logger()->warn("stop_requested: this program already {} {}; hasten leaves it, and stop_requested() does "
+                           "not see that signal",
+                           previous.sa_handler == SIG_IGN ? "ignores" : "handles", sig == SIGTERM ? "SIGTERM" : "SIGUSR1");
+    }
   });
 }
 
@@ -42,7 +58,7 @@ void arm_stop_signals() {
 
 bool Engine::stop_requested() {
   arm_stop_signals();
-  const bool mine = g_stop_signal != 0;
+  const bool mine = g_received.load() != 0;
   if (impl_->process.world_size == 1) return mine;
   // Every rank stops at the same step: a signal that reached one rank (or arrived between two
   // ranks' checks) is every rank's at this check or the next.

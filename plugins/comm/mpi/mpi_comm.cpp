@@ -20,6 +20,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -62,13 +63,24 @@ std::string thread_level_name(int level) {
   }
 }
 
+// Set once a communicator failed or was aborted: requests may be outstanding that will never
+// complete, and MPI_Finalize (a barrier across the job in Open MPI) would wait for peers that
+// may be hung. The exit handler then ends the job with MPI_Abort instead, so that no rank
+// blocks at exit and mpirun reports the failure.
+std::atomic<bool> g_unclean{false};
+
 // MPI once per process: initialised by the first communicator (or by the program itself,
 // which must then have asked for MPI_THREAD_MULTIPLE), finalised at exit when hasten
 // initialised it. hasten never unloads a plugin, so the exit handler's code stays mapped.
 void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  if (g_unclean.load()) {
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return;
+  }
+  MPI_Finalize();
 }
 
 void ensure_mpi() {
@@ -279,16 +291,17 @@ class MpiComm final : public hasten::sdk::Comm {
     Work* w = reinterpret_cast<Work*>(handle);
     const int64_t limit = timeout_ms > 0 ? timeout_ms : timeout_ms_;
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!done_.wait_for(lock, std::chrono::milliseconds(limit), [&] { return w->done; }))
+    if (!done_.wait_for(lock, std::chrono::milliseconds(limit), [&] { return w->done || aborted_; }))
       throw Error(HASTEN_ERR_TIMEOUT, "mpi: rank " + std::to_string(rank_) + ": " + w->what + " did not complete within " +
-                                          std::to_string(limit / 1000.0) + " s (a peer is hung, or the ranks entered "
-                                          "different collectives)");
+                                          std::to_string(limit / 1000.0) + " s (a peer is hung or gone)");
+    if (!w->done) throw Error(HASTEN_ERR_REMOTE, "mpi: rank " + std::to_string(rank_) + ": " + w->what + ": " + why_aborted());
     if (w->status != HASTEN_OK) throw Error(w->status, w->message);
   }
 
   bool test(hasten_work* handle) override {
     Work* w = reinterpret_cast<Work*>(handle);
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!w->done && aborted_) throw Error(HASTEN_ERR_REMOTE, "mpi: rank " + std::to_string(rank_) + ": " + w->what + ": " + why_aborted());
     if (w->done && w->status != HASTEN_OK) throw Error(w->status, w->message);
     return w->done;
   }
@@ -297,22 +310,32 @@ class MpiComm final : public hasten::sdk::Comm {
     Work* w = reinterpret_cast<Work*>(handle);
     if (w == nullptr) return;
     std::unique_lock<std::mutex> lock(mutex_);
-    // MPI may still write into the buffers until the request completes: wait for it, unless
-    // the run was aborted (the host is ending; the item is left to the progress thread).
-    done_.wait(lock, [&] { return w->done || aborted_; });
+    // MPI may still write into the buffers until the request completes: wait for it, within
+    // the timeout. A request that outlives it, or an aborted communicator, stops the progress
+    // thread (no MPI call touches the request again) and the item is left behind: the run is
+    // over, and the exit handler ends the job.
+    done_.wait_for(lock, std::chrono::milliseconds(timeout_ms_), [&] { return w->done || aborted_; });
     if (w->done) {
       delete w;
-    } else {
-      w->finish = nullptr;
-      orphans_.push_back(w);
+      return;
     }
+    if (!aborted_) {
+      aborted_ = true;
+      first_error_ = "mpi: rank " + std::to_string(rank_) + ": " + w->what + " was dropped and did not complete within " +
+                     std::to_string(timeout_ms_ / 1000.0) + " s";
+    }
+    g_unclean = true;
+    w->finish = nullptr;  // nothing runs on the host's buffers any more
+    done_.notify_all();
   }
 
   void abort() noexcept override {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       aborted_ = true;
+      if (first_error_.empty()) first_error_ = "the host aborted the communicator after a failed wait";
     }
+    g_unclean = true;
     done_.notify_all();
   }
 
@@ -330,7 +353,7 @@ class MpiComm final : public hasten::sdk::Comm {
       }
       if (aborted_ || broken_) {
         delete w;
-        throw Error(HASTEN_ERR_REMOTE, "mpi: communicator aborted after an earlier failure: " + first_error_);
+        throw Error(HASTEN_ERR_REMOTE, "mpi: " + why_aborted());
       }
       // Posted under the lock: the order of posts is the order the host issued them.
       const int rc = start(&w->request);
@@ -354,12 +377,17 @@ class MpiComm final : public hasten::sdk::Comm {
       std::vector<Work*> round;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || !active_.empty(); });
-        // Stopping: once nothing is outstanding, or at once after an abort (those requests may
-        // never complete), or when the outstanding ones outlive the timeout.
+        wake_.wait(lock, [&] { return stopping_ || aborted_ || !active_.empty(); });
+        // After an abort no MPI call touches the outstanding requests again. Stopping: once
+        // nothing is outstanding, or when the outstanding ones outlive the timeout.
+        if (aborted_) return;
         if (stopping_ && stop_deadline_ == Clock::time_point{})
           stop_deadline_ = Clock::now() + std::chrono::milliseconds(timeout_ms_);
-        if (active_.empty() || (stopping_ && (aborted_ || Clock::now() > stop_deadline_))) return;
+        if (active_.empty()) return;
+        if (stopping_ && Clock::now() > stop_deadline_) {
+          g_unclean = true;
+          return;
+        }
         round.assign(active_.begin(), active_.end());
       }
       bool any = false;
@@ -370,11 +398,16 @@ class MpiComm final : public hasten::sdk::Comm {
         any = true;
         hasten_status status = HASTEN_OK;
         std::string message;
+        std::function<void()> finish;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          finish = std::move(w->finish);  // cleared by free_work when the host let the item go
+        }
         if (rc != MPI_SUCCESS) {
           status = HASTEN_ERR_REMOTE;
           message = "mpi: rank " + std::to_string(rank_) + ": " + w->what + " failed: " + mpi_error(rc);
-        } else if (w->finish) {
-          w->finish();
+        } else if (finish) {
+          finish();
         }
         std::lock_guard<std::mutex> lock(mutex_);
         active_.remove(w);
@@ -384,26 +417,23 @@ class MpiComm final : public hasten::sdk::Comm {
         if (status != HASTEN_OK && !broken_) {
           broken_ = true;  // the ranks are out of step now: what follows fails promptly
           first_error_ = w->message;
+          g_unclean = true;
         }
       }
       if (any) {
         done_.notify_all();
         idle_rounds = 0;
-        std::lock_guard<std::mutex> lock(mutex_);
-        for (auto it = orphans_.begin(); it != orphans_.end();) {
-          if (!(*it)->done) {
-            ++it;
-            continue;
-          }
-          delete *it;
-          it = orphans_.erase(it);
-        }
       } else if (++idle_rounds < 64) {
         std::this_thread::yield();
       } else {
         std::this_thread::sleep_for(std::chrono::microseconds(std::min(200, idle_rounds)));
       }
     }
+  }
+
+  std::string why_aborted() const {  // under mutex_
+    return "communicator aborted after an earlier failure: " +
+           (first_error_.empty() ? std::string("the host aborted it") : first_error_);
   }
 
   int rank_ = 0, world_ = 1;
@@ -413,7 +443,6 @@ class MpiComm final : public hasten::sdk::Comm {
   std::condition_variable wake_;  // the progress thread: work was posted, or stop
   std::condition_variable done_;  // waiters: a work completed, or abort
   std::list<Work*> active_;       // posted, not completed, in posting order
-  std::vector<Work*> orphans_;    // freed by the host after an abort, still outstanding
   bool stopping_ = false, aborted_ = false, broken_ = false;
   Clock::time_point stop_deadline_{};
   std::string first_error_;
