@@ -139,22 +139,27 @@ with tempfile.TemporaryDirectory() as d:
                 continue
         h.fail("no two consecutive free ports")
 
-    def machine(rank, port, project, env):
+    def machine(rank, port, project, env, extra=()):
+        """One machine's launcher; `extra`: more arguments for the example."""
         cmd = h.hasten("launch", "--max_restarts", "1", "--num_machines", "2", "--machine_rank", str(rank),
                        "--num_processes", "2", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
-                       h.example()[0], *BASE, "--project_dir", project, "--checkpoint_every", "10", "--resume")
+                       h.example()[0], *BASE, *extra, "--project_dir", project, "--checkpoint_every", "10", "--resume")
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, **env})
+
+    def both(m0, m1, what):
+        """Both machines' (stdout, stderr) once they end; a failure of either names `what`."""
+        out0, err0 = m0.communicate(timeout=300)
+        out1, err1 = m1.communicate(timeout=300)
+        if m0.returncode != 0 or m1.returncode != 0:
+            h.fail(f"{what}: exited {m0.returncode} and {m1.returncode}\nmachine 0:\n{err0}\nmachine 1:\n{err1}")
+        return out0, err0, out1, err1
 
     port = two_free_ports()
     project = os.path.join(d, "machines")
     kill = {"HASTEN_TEST_KILL_AT_STEP": "25"}
-    m0, m1 = machine(0, port, project, kill), machine(1, port, project, kill)
-    out0, err0 = m0.communicate(timeout=300)
-    out1, err1 = m1.communicate(timeout=300)
-    if m0.returncode != 0 or m1.returncode != 0:
-        h.fail(f"two machines with --max_restarts 1 exited {m0.returncode} and {m1.returncode}\n"
-               f"machine 0:\n{err0}\nmachine 1:\n{err1}")
+    out0, err0, out1, err1 = both(machine(0, port, project, kill), machine(1, port, project, kill),
+                                  "two machines with --max_restarts 1")
     if "machine 1: rank 1" not in err0 or "stopping this machine's workers" not in err0:
         h.fail(f"machine 0's launcher did not say that machine 1's rank 1 failed:\n{err0}")
     for name, err in (("machine 0", err0), ("machine 1", err1)):
@@ -175,22 +180,14 @@ with tempfile.TemporaryDirectory() as d:
     each = {**kill, "HASTEN_SAVE_ON_EACH_NODE": "true"}
 
     def machine_own(rank, port, project, env, strategy="zero3"):
-        cmd = h.hasten("launch", "--max_restarts", "1", "--num_machines", "2", "--machine_rank", str(rank),
-                       "--num_processes", "2", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
-                       h.example()[0], *BASE, "--strategy", strategy, "--units", "--project_dir", project,
-                       "--checkpoint_every", "10", "--resume")
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, **env})
+        return machine(rank, port, project, env, ("--strategy", strategy, "--units"))
 
     for strategy in ("ddp", "zero3"):
         port = two_free_ports()
         own = [os.path.join(d, f"{strategy}-machine0"), os.path.join(d, f"{strategy}-machine1")]
-        m0, m1 = machine_own(0, port, own[0], each, strategy), machine_own(1, port, own[1], each, strategy)
-        out0, err0 = m0.communicate(timeout=300)
-        out1, err1 = m1.communicate(timeout=300)
-        if m0.returncode != 0 or m1.returncode != 0:
-            h.fail(f"save_on_each_node, two machines, {strategy}: exited {m0.returncode} and {m1.returncode}\n"
-                   f"machine 0:\n{err0}\nmachine 1:\n{err1}")
+        out0, err0, out1, err1 = both(machine_own(0, port, own[0], each, strategy),
+                                      machine_own(1, port, own[1], each, strategy),
+                                      f"save_on_each_node, two machines, {strategy}")
         # (Machine 1 has nothing else to load: its project directory holds only its own copies.)
         if f"resumed from {own[0]}" not in err0:
             h.fail(f"{strategy}: machine 0 did not resume from its own copy:\n{err0}")
@@ -231,12 +228,8 @@ with tempfile.TemporaryDirectory() as d:
     # directory of the same save and writes no copy of its own (one checkpoint, every rank's files).
     port = two_free_ports()
     shared = os.path.join(d, "shared")
-    m0, m1 = machine_own(0, port, shared, each), machine_own(1, port, shared, each)
-    out0, err0 = m0.communicate(timeout=300)
-    out1, err1 = m1.communicate(timeout=300)
-    if m0.returncode != 0 or m1.returncode != 0:
-        h.fail(f"save_on_each_node on a shared directory: exited {m0.returncode} and {m1.returncode}\n"
-               f"machine 0:\n{err0}\nmachine 1:\n{err1}")
+    out0, err0, out1, err1 = both(machine_own(0, port, shared, each), machine_own(1, port, shared, each),
+                                  "save_on_each_node on a shared directory")
     s = summary(subprocess.CompletedProcess([], 0, out0, err0))
     manifest = json.load(open(os.path.join(shared, "checkpoints", "checkpoint_5", "manifest.json")))
     if (s["param_checksum"] != want or s["resumed_at"] != 20 or "ranks" in manifest
