@@ -1,6 +1,7 @@
 // The core on CUDA (ctest label gpu): device per rank, ddp/zero3/fsdp against the same run on
 // the CPU, bf16 autocast, fp16 loss scaling, checkpoints across devices, the memory report,
-// and the fork rule of hasten::launch. Every test skips, with the reason, where the machine has
+// the fork rule of hasten::launch, pinned worker batches copied non_blocking, activation
+// checkpointing's recompute under CUDA dropout and autocast, and the profiler's CUDA kernels. Every test skips, with the reason, where the machine has
 // fewer CUDA devices than it needs (ctest reads gtest's "[  SKIPPED ]").
 //
 // The test process itself never initialises CUDA before it forks ranks (hasten::launch refuses
@@ -16,6 +17,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -312,6 +315,131 @@ TEST(GpuWorkloads, TinyGptRunsOnTheGpuItWasMovedTo) {
   const auto out = model->forward(idx);
   EXPECT_TRUE(out.is_cuda());
   EXPECT_EQ(out.sizes(), (std::vector<int64_t>{16, 2, 96}));
+}
+
+// Worker threads, page-locked batches and non_blocking copies on CUDA: the copy of a batch from
+// a pinned buffer runs on the stream while the host goes on, so a buffer reused or freed too
+// early would show as other data. The losses are bitwise those of the plain loader's run.
+TEST(GpuData, PinnedWorkerBatchesCopiedNonBlockingTrainLikeThePlainLoader) {
+  REQUIRE_GPUS(1);
+  strict_float32();
+  auto losses = [](bool fast) {
+    Accelerator acc(isolated());
+    auto net = std::make_shared<Mlp>();
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto [x, y] = data(512);
+    hasten::DataLoaderOptions lo;
+    lo.batch_size = 16;
+    if (fast) {
+      lo.num_workers = 2;
+      lo.pin_memory = true;
+      lo.non_blocking = true;
+    }
+    auto [model, opt, loader] = acc.prepare(net, sgd, hasten::DataLoader(hasten::TensorDataset(x, y), lo));
+    std::vector<float> out;
+    for (auto& batch : loader) {
+      EXPECT_EQ(batch.input.device(), acc.device());
+      auto loss = F::cross_entropy(model(batch.input), batch.target);
+      acc.backward(loss);
+      opt.step();
+      opt.zero_grad();
+      out.push_back(loss.item<float>());
+    }
+    return out;
+  };
+  const auto plain = losses(false);
+  const auto fast = losses(true);
+  ASSERT_EQ(plain.size(), 32u);
+  EXPECT_EQ(plain, fast) << "num_workers 2 + pin_memory + non_blocking vs the plain loader, on CUDA";
+}
+
+// Activation checkpointing on CUDA under bf16 autocast, with dropout: the recompute replays the
+// GPU's generator and CUDA autocast, so gradients are those of the run that kept activations.
+struct DropBlockImpl : torch::nn::Module {
+  DropBlockImpl() {
+    fc = register_module("fc", torch::nn::Linear(32, 32));
+    drop = register_module("drop", torch::nn::Dropout(0.3));
+  }
+  torch::Tensor forward(torch::Tensor x) { return x + drop(torch::tanh(fc(x))); }
+  torch::nn::Linear fc{nullptr};
+  torch::nn::Dropout drop{nullptr};
+};
+TORCH_MODULE(DropBlock);
+
+struct DropNetImpl : torch::nn::Module {
+  DropNetImpl() {
+    torch::manual_seed(0);
+    in = register_module("in", torch::nn::Linear(16, 32));
+    for (int i = 0; i < 3; ++i) blocks.push_back(register_module("b" + std::to_string(i), hasten::Unit<DropBlock>()));
+    out = register_module("out", torch::nn::Linear(32, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = in(x);
+    for (auto& b : blocks) x = b(x);
+    return out(x);
+  }
+  torch::nn::Linear in{nullptr}, out{nullptr};
+  std::vector<hasten::Unit<DropBlock>> blocks;
+};
+TORCH_MODULE(DropNet);
+
+TEST(GpuCheckpointing, RecomputeOnCudaReplaysDropoutAndBf16Autocast) {
+  REQUIRE_GPUS(1);
+  strict_float32();
+  auto grads = [](bool checkpointed) {
+    Options o = isolated();
+    o.mixed_precision = "bf16";
+    Accelerator acc(o);
+    DropNet net;
+    if (checkpointed) {
+      EXPECT_EQ(acc.checkpoint_activations(net), 3u);
+    }
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto [model, opt] = acc.prepare(net, sgd);
+    auto [x, y] = data(64);
+    torch::manual_seed(7);  // the CUDA generator too: the dropout masks
+    acc.backward(F::cross_entropy(model(x.to(acc.device())), y.to(acc.device())));
+    std::vector<torch::Tensor> g;
+    for (auto& p : net->parameters()) g.push_back(p.grad().detach().to(torch::kCPU).reshape(-1));
+    return torch::cat(g);
+  };
+  const auto kept = grads(false);
+  const auto recomputed = grads(true);
+  EXPECT_TRUE(torch::equal(kept, recomputed))
+      << "max difference " << (kept - recomputed).abs().max().item<double>() << " over " << kept.numel();
+}
+
+// The profiler on CUDA records the GPU's kernels (Kineto with CUPTI) beside hasten's ranges.
+TEST(GpuProfiler, TheTraceHoldsCudaKernelsAndHastensRanges) {
+  REQUIRE_GPUS(1);
+  TempDir dir;
+  const auto out = (dir.path() / "profile").string();
+  {
+    Options o = isolated();
+    o.set = {{"profile", "{wait: 1, warmup: 1, active: 2, dir: " + out + "}"}};
+    Accelerator acc(o);
+    auto net = std::make_shared<Mlp>();
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto [model, opt] = acc.prepare(net, sgd);
+    auto [x, y] = data(32);
+    for (int step = 0; step < 6; ++step) {
+      acc.backward(F::cross_entropy(model(x.to(acc.device())), y.to(acc.device())));
+      opt.step();
+      opt.zero_grad();
+    }
+    acc.end_training();
+  }
+  std::vector<std::filesystem::path> traces;
+  for (auto& e : std::filesystem::directory_iterator(out)) traces.push_back(e.path());
+  ASSERT_EQ(traces.size(), 1u) << "one trace for the one rank in " << out;
+  std::ifstream in(traces[0]);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto has = [&](const std::string& a, const std::string& b) {
+    return text.find(a) != std::string::npos || text.find(b) != std::string::npos;
+  };
+  EXPECT_TRUE(has("\"cat\": \"kernel\"", "\"cat\":\"kernel\"")) << "no CUDA kernel event in " << traces[0];
+  EXPECT_TRUE(has("\"name\": \"hasten::backward\"", "\"name\":\"hasten::backward\"")) << "no backward range in " << traces[0];
+  EXPECT_TRUE(has("\"name\": \"hasten::optimizer_step\"", "\"name\":\"hasten::optimizer_step\"")) << "no optimizer_step range";
 }
 
 TEST(GpuLaunch, AProcessThatInitialisedCudaCannotFork) {
