@@ -33,8 +33,12 @@ if(TARGET torch_cuda)
             PATH_SUFFIXES include NO_DEFAULT_PATH)
   find_library(HASTEN_NCCL_LIBRARY NAMES libnccl.so.2 nccl HINTS ${_hasten_nccl_hints} ${CUDAToolkit_LIBRARY_DIR}
                PATH_SUFFIXES lib lib64 NO_DEFAULT_PATH)
-  find_path(HASTEN_CUDA_INCLUDE_DIR cuda_runtime.h HINTS ${_hasten_cuda_hints} ${CUDAToolkit_INCLUDE_DIRS}
-            PATH_SUFFIXES include NO_DEFAULT_PATH)
+  # Headers that cuda_runtime.h can be compiled with: the wheel's nvidia/cu13/include holds
+  # cuda_runtime.h but not the crt/ headers it includes (torch 2.11's and 2.15's), so a directory
+  # qualifies only with crt/host_config.h, and the toolkit's (of the same major, checked above)
+  # serves where the wheel's does not.
+  find_path(HASTEN_CUDA_INCLUDE_DIR NAMES crt/host_config.h
+            HINTS ${_hasten_cuda_hints} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include NO_DEFAULT_PATH)
   find_library(HASTEN_CUDART_LIBRARY NAMES libcudart.so.13 libcudart.so.12 cudart
                HINTS ${_hasten_cuda_hints} ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64 NO_DEFAULT_PATH)
   if(NOT HASTEN_NCCL_INCLUDE_DIR OR NOT HASTEN_NCCL_LIBRARY OR NOT HASTEN_CUDA_INCLUDE_DIR OR NOT HASTEN_CUDART_LIBRARY)

@@ -280,7 +280,7 @@ void max_model_trial(const std::string& mode, int size, int seq, int batch) {
           opt.step();
           opt.zero_grad();
         }
-        auto rss = acc.gather(torch::tensor({W::peak_rss_mb()}, torch::kDouble));
+        auto rss = acc.gather(torch::tensor({W::peak_rss_mb()}, torch::kDouble)).to(torch::kCPU);
         if (acc.is_main_process())
           std::cout << nlohmann::ordered_json{{"impl", "hasten"}, {"mode", mode}, {"size", size}, {"params", params},
                                               {"peak_rss_mb", std::vector<double>(rss.data_ptr<double>(),

@@ -161,7 +161,7 @@ Result train_libtorch(const Args& a, int64_t batch, int64_t total) {
   bar.close();
   r.timed_s = std::chrono::duration<double>(Clock::now() - t0).count();
   r.timed_steps = total - a.warmup;
-  auto all = torch::stack(losses).to(torch::kDouble);
+  auto all = torch::stack(losses).to(torch::kCPU, torch::kDouble);
   r.losses.assign(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
   r.peak_rss_mb = {W::peak_rss_mb()};
   r.precision = bf16 ? "bf16" : "no";
@@ -254,10 +254,11 @@ Result train_hasten(const Args& a, int64_t batch, int64_t total) {
   r.accumulation = acc.gradient_accumulation_steps();
   // Every rank's losses, averaged (for ddp: the loss of the global batch).
   if (!losses.empty()) {  // a run resumed at its last step has none (the same on every rank)
-    auto all = acc.reduce(torch::stack(losses).to(torch::kDouble), "mean");
+    // On the CPU: the losses stayed on the run's device, and data_ptr below reads host memory.
+    auto all = acc.reduce(torch::stack(losses).to(torch::kDouble), "mean").to(torch::kCPU);
     r.losses.assign(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
   }
-  auto rss = acc.gather(torch::tensor({W::peak_rss_mb()}, torch::kDouble));
+  auto rss = acc.gather(torch::tensor({W::peak_rss_mb()}, torch::kDouble)).to(torch::kCPU);
   r.peak_rss_mb.assign(rss.data_ptr<double>(), rss.data_ptr<double>() + rss.numel());
   r.strategy = acc.strategy();
   // What each rank holds at rest (after the last step), with the peaks of the run.
@@ -266,7 +267,7 @@ Result train_hasten(const Args& a, int64_t batch, int64_t total) {
                                      static_cast<int64_t>(mine.grads), static_cast<int64_t>(mine.optimizer),
                                      static_cast<int64_t>(mine.peak_params), static_cast<int64_t>(mine.peak_grads),
                                      static_cast<int64_t>(mine.peak_optimizer)});
-  auto all_fields = acc.gather(fields).reshape({acc.num_processes(), 7});
+  auto all_fields = acc.gather(fields).to(torch::kCPU).reshape({acc.num_processes(), 7});
   r.memory = to_json(mine);
   r.memory_per_rank = nlohmann::ordered_json::array();
   for (int64_t k = 0; k < all_fields.size(0); ++k) {

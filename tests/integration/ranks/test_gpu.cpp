@@ -9,7 +9,7 @@
 #include <hasten/hasten.hpp>
 #include <hasten/torch_compat.hpp>
 
-#include <c10/cuda/CUDAFunctions.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
@@ -133,7 +133,8 @@ TEST(GpuDevice, EachRankGetsItsGpuAndMakesItCurrent) {
         const int local = acc.local_process_index();
         require(acc.device() == torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local)),
                 "rank " + std::to_string(local) + " got " + acc.device().str());
-        require(c10::cuda::current_device() == local, "the rank's GPU is the current device");
+        require(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index() == local,
+                "the rank's GPU is the current device");
         require(torch::empty({1}, torch::kCUDA).device().index() == local, "allocations without an index land there");
       },
       with_ranks(world));
