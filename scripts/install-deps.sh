@@ -10,6 +10,9 @@
 #    clones, keyed by the pins and the interpreter, and `.venv` links to it, so a fresh clone
 #    (CI's) does not download ~3 GB again. HASTEN_VENV_CACHE moves the cache;
 #    HASTEN_BASE_PYTHON picks the interpreter the environment is made from (default: python3).
+# 3. `.venv-mlflow`: the MLflow tracking server the tests start and its Python client
+#    (scripts/mlflow-requirements.txt), cached and linked the same way, apart from .venv so that
+#    MLflow's pins never move LibTorch's.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 
@@ -23,6 +26,7 @@ packages=(
   libgtest-dev libgmock-dev
   libprotobuf-dev protobuf-compiler # tensorboard tracker: event/summary messages from a .proto subset
   binutils file jq procps
+  libcurl4-openssl-dev              # mlflow tracker: the tracking server's REST API over HTTP(S)
   zlib1g-dev                        # gzread for the Fashion-MNIST example's IDX files
   dataset-fashion-mnist             # the real data set of `make demo` and its tests
   fortunes                          # the char LM example's text corpus (/usr/share/games/fortunes)
@@ -53,49 +57,59 @@ else
   echo "deps: installed ${#missing[@]} packages"
 fi
 
-# --- the Python environment -------------------------------------------------------------
-requirements="$root/scripts/venv-requirements.txt"
+# --- the Python environments -------------------------------------------------------------
 python="${HASTEN_BASE_PYTHON:-python3}"
 if ! command -v "$python" >/dev/null 2>&1; then
   echo "deps: error: no Python interpreter '$python' (set HASTEN_BASE_PYTHON)" >&2; exit 1
 fi
 pyver="$("$python" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
-key="$( { cat "$requirements"; echo "python=$pyver"; } | sha256sum | cut -c1-16)"
 cache="${HASTEN_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hasten/venvs}"
-venv="$cache/$key"
 mkdir -p "$cache"
 
-# One installer at a time per cache (two clones set up at once share it).
-exec 9>"$cache/.lock"
-flock 9
-if [ ! -f "$venv/.hasten-complete" ]; then
-  echo "deps: making the Python environment $venv (python $pyver, pins scripts/venv-requirements.txt)"
-  rm -rf "$venv"
-  "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-  if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"; then
+# make_venv REQUIREMENTS PREFIX LINK [CHECK]: the environment of REQUIREMENTS' pins in the cache
+# (shared by clones, keyed by the pins and the interpreter), made once; CHECK, a Python
+# script run by it, must pass before it is declared complete. LINK (in the tree) points at it,
+# unless LINK is a user's own environment, which is left alone. Sets $venv.
+make_venv() {
+  local requirements=$1 prefix=$2 link=$3 check=${4:-}
+  local key
+  key="$( { cat "$requirements"; echo "python=$pyver"; } | sha256sum | cut -c1-16)"
+  venv="$cache/$prefix$key"
+  # One installer at a time per cache (two clones set up at once share it).
+  exec 9>"$cache/.lock"
+  flock 9
+  if [ ! -f "$venv/.hasten-complete" ]; then
+    echo "deps: making the Python environment $venv (python $pyver, pins ${requirements#"$root"/})"
     rm -rf "$venv"
-    echo "deps: error: pip could not install scripts/venv-requirements.txt" >&2; exit 1
+    "$python" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+    if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"; then
+      rm -rf "$venv"
+      echo "deps: error: pip could not install ${requirements#"$root"/}" >&2; exit 1
+    fi
+    if [ -n "$check" ] && ! "$venv/bin/python" -c "$check"; then rm -rf "$venv"; exit 1; fi
+    touch "$venv/.hasten-complete"
   fi
-  # A check that the wheel can build C++ (the CPU-only wheels of some releases ship no c10/
-  # headers) before the environment is declared complete.
-  if ! "$venv/bin/python" - <<'EOF'
+  flock -u 9
+  if [ -L "$root/$link" ] || [ ! -e "$root/$link" ]; then
+    ln -sfn "$venv" "$root/$link"
+  fi
+}
+
+# .venv: LibTorch from PyTorch's wheel and what the tests and peers need. The check: the wheel
+# can build C++ (the CPU-only wheels of some releases ship no c10/ headers).
+make_venv "$root/scripts/venv-requirements.txt" "" .venv '
 import os, sys, torch
 inc = os.path.join(os.path.dirname(torch.__file__), "include")
 for h in ("c10/core/Device.h", "torch/csrc/api/include/torch/torch.h"):
     if not os.path.exists(os.path.join(inc, h)):
         sys.exit("deps: error: torch %s ships no %s: it cannot build C++" % (torch.__version__, h))
-EOF
-  then rm -rf "$venv"; exit 1; fi
-  touch "$venv/.hasten-complete"
-fi
-flock -u 9
-
-# .venv: the link into the cache (or a user's own environment, which is left alone).
-if [ -L "$root/.venv" ] || [ ! -e "$root/.venv" ]; then
-  ln -sfn "$venv" "$root/.venv"
-fi
+'
 echo "deps: .venv -> $(readlink -f "$root/.venv") (torch $("$root/.venv/bin/python" -c 'import torch; print(torch.__version__)'))"
+
+# .venv-mlflow: the MLflow tracking server the tests start, and its Python client.
+make_venv "$root/scripts/mlflow-requirements.txt" mlflow- .venv-mlflow 'import mlflow'
+echo "deps: .venv-mlflow -> $(readlink -f "$root/.venv-mlflow") (mlflow $("$root/.venv-mlflow/bin/python" -c 'import mlflow; print(mlflow.__version__)'))"
 
 # The CUDA wheel's CMake package needs the CUDA toolkit (nvcc) of its CUDA major version to
 # configure against, even for a CPU-only hasten: checked here so that the first `make` does not

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <thread>
 
 #include "workloads.hpp"
 
@@ -34,8 +35,12 @@ namespace W = hasten::workloads;
 
 
 // Tests of automatic restart: HASTEN_TEST_KILL_AT_STEP=S kills rank HASTEN_TEST_KILL_RANK
-// (default 1) with SIGKILL after step S, in the first attempt of a launch only.
+// (default 1) with SIGKILL after step S, in the first attempt of a launch only. Tests of
+// trackers against a server that goes away: HASTEN_TEST_STEP_DELAY_MS=D sleeps D ms after
+// every step, so that a run lasts long enough to stop and restart the server under it.
 void kill_for_tests(const hasten::Accelerator& acc, int64_t step) {
+  if (const char* delay = std::getenv("HASTEN_TEST_STEP_DELAY_MS"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(delay)));
   const char* at = std::getenv("HASTEN_TEST_KILL_AT_STEP");
   if (at == nullptr || std::atoll(at) != step) return;
   const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");

@@ -1,7 +1,8 @@
-// Tracker "mlflow": one MLflow run per init_trackers call in MLflow's local file store
-// (file_store.hpp), in the experiment named after the project: hyperparameters as params,
-// scalars as metrics, mlflow.runName/user/source tags, and at the end the run's status and
-// end_time: FINISHED after end_training, FAILED when the run ended without it (the engine
+// Tracker "mlflow": one MLflow run per init_trackers call, on a tracking server through its
+// REST API (rest_run.hpp: a thread of its own, a journal on disk) or in MLflow's local file
+// store (file_store.hpp), in the experiment named after the project: hyperparameters as
+// params, scalars as metrics, mlflow.runName/user/source tags, and at the end the run's status
+// and end_time: FINISHED after end_training, FAILED when the run ended without it (the engine
 // destroys its trackers without finish() only when training did not reach end_training).
 // C tier: no LibTorch.
 #include <hasten/plugin.hpp>
@@ -16,18 +17,14 @@
 #include <unistd.h>
 
 #include "file_store.hpp"
+#include "rest_client.hpp"
+#include "rest_run.hpp"
 
 namespace {
 
-// uri without the user:password@ (or token@) of its authority: what is printed of it.
-std::string without_credentials(const std::string& uri) {
-  const size_t scheme = uri.find("://");
-  if (scheme == std::string::npos) return uri;
-  const size_t start = scheme + 3, end = uri.find_first_of("/?#", start);
-  const size_t at = uri.rfind('@', end == std::string::npos ? std::string::npos : end);
-  if (at == std::string::npos || at < start) return uri;
-  return uri.substr(0, start) + "***@" + uri.substr(at + 1);
-}
+using hasten::mlflow::without_credentials;
+
+bool is_server(const std::string& uri) { return uri.rfind("http://", 0) == 0 || uri.rfind("https://", 0) == 0; }
 
 namespace fs = std::filesystem;
 namespace mf = hasten::mlflow;
@@ -62,11 +59,23 @@ class MlflowTracker final : public hasten::sdk::Tracker {
   MlflowTracker(const hasten_host_api* host, std::string_view options) : Tracker(host) {
     const hasten::sdk::Options in(host, options);  // keys and types checked against kOptions
     tracking_dir_ = in.text("tracking_dir").value_or("");
+    tracking_uri_ = in.text("tracking_uri").value_or("");
     experiment_name_ = in.text("experiment_name").value_or("");
     run_name_ = in.text("run_name").value_or("");
+    flush_timeout_s_ = in.number("flush_timeout").value_or(30.0);
+    if (!tracking_dir_.empty() && !tracking_uri_.empty())
+      throw Error(HASTEN_ERR_INVALID_ARGUMENT, "mlflow: tracking_dir and tracking_uri both given (allowed: one of them)");
+    if (!tracking_uri_.empty() && !is_server(tracking_uri_))
+      throw Error(HASTEN_ERR_INVALID_ARGUMENT, "mlflow: tracking_uri '" + without_credentials(tracking_uri_) +
+                                                   "' is not a tracking server (allowed: http://HOST:PORT or https://...; "
+                                                   "a local store is tracking_dir)");
   }
 
   ~MlflowTracker() override {
+    if (server_ != nullptr) {
+      if (!ended_) server_->finish(false);  // bounded by flush_timeout
+      return;
+    }
     if (store_ == nullptr || ended_) return;
     try {
       store_->end_run(run_dir_, mf::RunStatus::Failed, mf::now_ms());
@@ -76,24 +85,27 @@ class MlflowTracker final : public hasten::sdk::Tracker {
   }
 
   void start(const hasten_tracker_run& run) override {
-    // Where: the tracking_dir option, else MLFLOW_TRACKING_URI when it names a local store
-    // (a path or file: URI, as Accelerate's MLflowTracker honours it), else <logging_dir>/mlruns.
+    // Where: the tracking_uri (a server) or tracking_dir (a file store) option, else
+    // MLFLOW_TRACKING_URI (a server, a path or a file: URI, as MLflow's clients read it), else
+    // <logging_dir>/mlruns.
+    std::string server = tracking_uri_;
     fs::path root = tracking_dir_;
-    if (root.empty()) {
+    if (server.empty() && root.empty()) {
       if (const char* uri = std::getenv("MLFLOW_TRACKING_URI"); uri && *uri) {
         std::string u = uri;
-        if (u.rfind("file://", 0) == 0) u = u.substr(7);
-        else if (u.rfind("file:", 0) == 0) u = u.substr(5);
-        if (u.find("://") != std::string::npos)
+        if (is_server(u)) server = u;
+        else if (u.rfind("file://", 0) == 0) root = u.substr(7);
+        else if (u.rfind("file:", 0) == 0) root = u.substr(5);
+        else if (u.find("://") == std::string::npos) root = u;
+        else
           throw Error(HASTEN_ERR_UNSUPPORTED, "mlflow: MLFLOW_TRACKING_URI '" + without_credentials(uri) +
-                                                  "' is not a local file store (allowed: a directory or a file: URI)");
-        root = u;
+                                                  "' is neither a tracking server nor a local store (allowed: "
+                                                  "http(s)://HOST:PORT, a directory or a file: URI)");
       } else {
         root = fs::path(run.logging_dir) / "mlruns";
       }
     }
-    store_ = std::make_unique<mf::FileStore>(root);
-    const std::string experiment = store_->experiment(experiment_name_.empty() ? run.project : experiment_name_);
+    const std::string experiment = experiment_name_.empty() ? std::string(run.project) : experiment_name_;
     std::string name = run_name_;
     if (name.empty()) {
       char stamp[32];
@@ -104,18 +116,39 @@ class MlflowTracker final : public hasten::sdk::Tracker {
       name = std::string(run.project) + "-" + stamp;
     }
     const std::string user = user_name();
-    run_dir_ = store_->create_run(experiment, mf::new_run_id(), name, user, mf::now_ms());
-    mf::FileStore::write_value(run_dir_ / "tags" / "mlflow.runName", name);
-    mf::FileStore::write_value(run_dir_ / "tags" / "mlflow.user", user);
-    mf::FileStore::write_value(run_dir_ / "tags" / "mlflow.source.name", program_path());
-    mf::FileStore::write_value(run_dir_ / "tags" / "mlflow.source.type", "LOCAL");
+    std::vector<std::pair<std::string, std::string>> tags{
+        {"mlflow.runName", name}, {"mlflow.user", user}, {"mlflow.source.name", program_path()}, {"mlflow.source.type", "LOCAL"}};
+    std::vector<std::pair<std::string, std::string>> params;
     const auto hparams = nlohmann::json::parse(run.hparams_json ? run.hparams_json : "{}", nullptr, false);
     if (hparams.is_object())
-      for (auto it = hparams.begin(); it != hparams.end(); ++it)
-        mf::FileStore::write_value(run_dir_ / "params" / mf::sanitize_key(it.key()), param_text(it.value()));
+      for (auto it = hparams.begin(); it != hparams.end(); ++it) params.emplace_back(mf::sanitize_key(it.key()), param_text(it.value()));
+
+    if (!server.empty()) {
+      mf::RestRun::Settings settings;
+      settings.uri = server;
+      settings.journal = fs::path(run.logging_dir) / "mlflow-journal" / (mf::new_run_id() + ".jsonl");
+      settings.flush_timeout_s = flush_timeout_s_;
+      const hasten_host_api* host = this->host();
+      settings.warn = [host](const std::string& m) { hasten::sdk::log(host, HASTEN_LOG_WARN, "mlflow", m); };
+      settings.info = [host](const std::string& m) { hasten::sdk::log(host, HASTEN_LOG_INFO, "mlflow", m); };
+      server_ = std::make_unique<mf::RestRun>(std::move(settings),
+                                              mf::RestRun::Identity{experiment, name, user, mf::now_ms(), tags, params});
+      return;
+    }
+    store_ = std::make_unique<mf::FileStore>(root);
+    run_dir_ = store_->create_run(store_->experiment(experiment), mf::new_run_id(), name, user, mf::now_ms());
+    for (const auto& [key, value] : tags) mf::FileStore::write_value(run_dir_ / "tags" / key, value);
+    for (const auto& [key, value] : params) mf::FileStore::write_value(run_dir_ / "params" / key, value);
   }
 
   void log_scalars(const hasten_scalar* values, uint32_t n, int64_t step) override {
+    if (server_ != nullptr) {
+      std::vector<std::pair<std::string, double>> metrics;
+      metrics.reserve(n);
+      for (uint32_t i = 0; i < n; ++i) metrics.emplace_back(mf::sanitize_key(values[i].name), values[i].value);
+      server_->log_metrics(metrics, step < 0 ? 0 : step);  // queued: never waits for the server
+      return;
+    }
     if (store_ == nullptr) throw Error(HASTEN_ERR_INVALID_USAGE, "mlflow tracker: log before start");
     const int64_t t = mf::now_ms();
     for (uint32_t i = 0; i < n; ++i)
@@ -126,14 +159,22 @@ class MlflowTracker final : public hasten::sdk::Tracker {
   }
 
   void finish(hasten_status status) override {
-    if (store_ == nullptr || ended_) return;
+    if (ended_) return;
+    if (server_ != nullptr) {
+      ended_ = true;
+      server_->finish(status == HASTEN_OK);
+      return;
+    }
+    if (store_ == nullptr) return;
     ended_ = true;
     store_->end_run(run_dir_, status == HASTEN_OK ? mf::RunStatus::Finished : mf::RunStatus::Failed, mf::now_ms());
   }
 
  private:
-  std::string tracking_dir_, experiment_name_, run_name_;
-  std::unique_ptr<mf::FileStore> store_;
+  std::string tracking_dir_, tracking_uri_, experiment_name_, run_name_;
+  double flush_timeout_s_ = 30;
+  std::unique_ptr<mf::RestRun> server_;  // a tracking server
+  std::unique_ptr<mf::FileStore> store_;  // or a local file store
   fs::path run_dir_;
   bool ended_ = false;
 };
@@ -141,15 +182,19 @@ class MlflowTracker final : public hasten::sdk::Tracker {
 using hasten::sdk::OptionSpec;
 
 constexpr hasten_option_spec kOptions[] = {
+    OptionSpec("tracking_uri", HASTEN_OPTION_STRING,
+               "A tracking server, http(s)://HOST:PORT (default: MLFLOW_TRACKING_URI when it is one); not with tracking_dir"),
     OptionSpec("tracking_dir", HASTEN_OPTION_STRING,
                "The file store's root (default: MLFLOW_TRACKING_URI when it is a local path, else <logging_dir>/<project>/mlruns)"),
+    OptionSpec("flush_timeout", HASTEN_OPTION_FLOAT,
+               "Seconds the end of a run waits for a tracking server to take what is still queued").min(0).default_json("30"),
     OptionSpec("experiment_name", HASTEN_OPTION_STRING, "Experiment of the runs (default: the project name)"),
     OptionSpec("run_name", HASTEN_OPTION_STRING, "The run's mlflow.runName (default <project>-<YYYYmmdd-HHMMSS>)"),
 };
 
 constexpr hasten_plugin_descriptor kMlflow = hasten::sdk::with_options(
     hasten::sdk::tracker_descriptor<MlflowTracker>(
-        "mlflow", "1.0", "MLflow local file store (mlruns/): params, metrics, tags and the run's final status"),
+        "mlflow", "1.1", "MLflow tracking server (REST) or local file store: params, metrics, tags and the run's final status"),
     kOptions);
 
 }  // namespace

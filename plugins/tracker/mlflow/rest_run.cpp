@@ -1,0 +1,281 @@
+#include "rest_run.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <system_error>
+
+#include "file_store.hpp"
+#include "rest_client.hpp"
+
+namespace hasten::mlflow {
+
+namespace {
+
+// MLflow's log-batch limits (mlflow/utils/validation.py).
+constexpr size_t kMaxMetrics = 1000, kMaxParamsOrTags = 100;
+// MLflow's longest param value; its clients cut longer ones too (MLFLOW_TRUNCATE_LONG_VALUES).
+constexpr size_t kMaxParamValue = 6000;
+
+// A double as MLflow's JSON (protobuf's) reads it: NaN and the infinities as strings.
+nlohmann::json metric_value(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
+  return v;
+}
+
+std::string url_encode(const std::string& s) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+RestRun::RestRun(Settings settings, Identity identity)
+    : settings_(std::move(settings)), identity_(std::move(identity)), token_(new_run_id()) {
+  std::error_code ec;
+  std::filesystem::create_directories(settings_.journal.parent_path(), ec);
+  journal_.open(settings_.journal, std::ios::app);
+  if (!journal_)
+    settings_.warn("cannot write the journal " + settings_.journal.string() +
+                   "; records are kept in memory only until the server takes them");
+  std::lock_guard<std::mutex> lock(mu_);
+  journal({{"run", {{"experiment", identity_.experiment}, {"run_name", identity_.run_name},
+                    {"tracking_uri", without_credentials(settings_.uri)}, {"start_time", identity_.start_ms},
+                    {"hasten.run_token", token_}}}});
+  identity_.tags.emplace_back("hasten.run_token", token_);
+  for (auto& [key, value] : identity_.params) {
+    if (value.size() > kMaxParamValue) {
+      settings_.warn("param '" + key + "' is " + std::to_string(value.size()) + " characters long; MLflow keeps " +
+                     std::to_string(kMaxParamValue) + ", the rest is cut");
+      value.resize(kMaxParamValue);
+    }
+    queue_.push_back({Record::Param, {{"key", key}, {"value", value}}});
+    journal({{"param", queue_.back().entry}});
+  }
+  for (const auto& [key, value] : identity_.tags) {
+    queue_.push_back({Record::Tag, {{"key", key}, {"value", value}}});
+    journal({{"tag", queue_.back().entry}});
+  }
+  queued_ = queue_.size();
+  sender_ = std::thread([this] { run(); });
+}
+
+RestRun::~RestRun() {
+  if (sender_.joinable()) finish(false);
+}
+
+void RestRun::journal(const nlohmann::json& line) {
+  if (!journal_.is_open()) return;
+  journal_ << line.dump() << '\n';
+  journal_.flush();  // a crash keeps what was logged
+}
+
+void RestRun::log_metrics(const std::vector<std::pair<std::string, double>>& values, int64_t step) {
+  const int64_t t = now_ms();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, value] : values) {
+      queue_.push_back({Record::Metric, {{"key", key}, {"value", metric_value(value)}, {"timestamp", t}, {"step", step}}});
+      journal({{"metric", queue_.back().entry}});
+    }
+    queued_ += values.size();
+  }
+  cv_.notify_one();
+}
+
+void RestRun::finish(bool finished) {
+  if (!sender_.joinable()) return;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(settings_.flush_timeout_s * 1000));
+  bool done = false;
+  uint64_t unsent = 0, refused = 0;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    final_status_ = finished ? "FINISHED" : "FAILED";
+    end_ms_ = now_ms();
+    journal({{"status", final_status_}, {"end_time", end_ms_}});
+    cv_.notify_one();
+    done = drained_.wait_until(lock, deadline, [&] { return queue_.empty() && status_sent_; });
+    stop_ = true;
+    unsent = queue_.size();
+    refused = refused_;
+  }
+  cv_.notify_one();
+  sender_.join();  // at most one call's timeout
+  journal_.close();
+  const std::string uri = without_credentials(settings_.uri);
+  if (!done) {
+    settings_.warn("" + std::to_string(unsent) + " of " + std::to_string(queued_) +
+                   " records" + (status_sent_ ? "" : " and the run's final status") + " did not reach " + uri +
+                   " within flush_timeout " + std::to_string(static_cast<int64_t>(settings_.flush_timeout_s)) +
+                   " s; every record is kept in " + settings_.journal.string());
+  } else if (refused > 0) {
+    settings_.warn("" + uri + " refused " + std::to_string(refused) + " records; every record is kept in " +
+                   settings_.journal.string());
+  } else {
+    std::error_code ec;
+    std::filesystem::remove(settings_.journal, ec);  // all on the server: nothing to keep
+    std::filesystem::remove(settings_.journal.parent_path(), ec);  // only when no other journal is there
+  }
+}
+
+void RestRun::run() {
+  client_ = std::make_unique<RestClient>(settings_.uri, settings_.request_timeout_ms);
+  auto backoff = std::chrono::milliseconds(250);
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    auto has_work = [&] { return run_id_.empty() || !queue_.empty() || (!final_status_.empty() && !status_sent_); };
+    cv_.wait(lock, [&] { return stop_ || has_work(); });
+    if (stop_) return;
+    lock.unlock();
+    bool ok = false;
+    try {
+      ok = send_next();
+    } catch (const std::exception& e) {  // an answer without the fields MLflow's API has
+      failed(std::string("an answer it could not read: ") + e.what());
+    }
+    lock.lock();
+    if (ok) {
+      backoff = std::chrono::milliseconds(250);
+      if (queue_.empty() && status_sent_) drained_.notify_all();
+    } else {
+      cv_.wait_for(lock, backoff, [&] { return stop_; });
+      backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::milliseconds(4000));
+    }
+  }
+}
+
+bool RestRun::send_next() {
+  bool pending = false, status_due = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending = !queue_.empty();
+    status_due = !final_status_.empty() && !status_sent_;
+  }
+  bool ok = true;
+  if (run_id_.empty()) ok = set_up();
+  else if (pending) ok = send_batch();
+  else if (status_due) ok = send_status();
+  if (ok && outage_) {
+    outage_ = false;
+    settings_.info("" + without_credentials(settings_.uri) + " answers again; sending the kept records");
+  }
+  return ok;
+}
+
+void RestRun::failed(const std::string& why) {
+  if (outage_) return;
+  outage_ = true;
+  settings_.warn("the tracking server " + without_credentials(settings_.uri) + " did not take the run's records (" +
+                 why + "); they are kept in " + settings_.journal.string() + " and sent when it answers");
+}
+
+bool RestRun::set_up() {
+  RestClient& client = *client_;
+  if (experiment_id_.empty()) {
+    auto r = client.get("experiments/get-by-name", "experiment_name=" + url_encode(identity_.experiment));
+    if (r.ok()) {
+      experiment_id_ = r.body["experiment"]["experiment_id"].get<std::string>();
+    } else if (r.error_code() == "RESOURCE_DOES_NOT_EXIST") {
+      auto c = client.post("experiments/create", {{"name", identity_.experiment}});
+      if (c.ok()) {
+        experiment_id_ = c.body["experiment_id"].get<std::string>();
+      } else if (c.error_code() != "RESOURCE_ALREADY_EXISTS") {  // another run made it: look again
+        failed("experiments/create: " + c.describe());
+        return false;
+      }
+      if (experiment_id_.empty()) return false;
+    } else {
+      failed("experiments/get-by-name: " + r.describe());
+      return false;
+    }
+  }
+  if (create_tried_) {
+    // The last create went out and no answer came back: it may have made the run.
+    auto s = client.post("runs/search", {{"experiment_ids", {experiment_id_}},
+                                         {"filter", "tags.`hasten.run_token` = '" + token_ + "'"},
+                                         {"max_results", 1}});
+    if (!s.ok()) {
+      failed("runs/search: " + s.describe());
+      return false;
+    }
+    if (s.body.contains("runs") && !s.body["runs"].empty()) {
+      run_id_ = s.body["runs"][0]["info"]["run_id"].get<std::string>();
+      return true;
+    }
+  }
+  create_tried_ = true;
+  auto r = client.post("runs/create", {{"experiment_id", experiment_id_},
+                                       {"user_id", identity_.user},
+                                       {"run_name", identity_.run_name},
+                                       {"start_time", identity_.start_ms},
+                                       {"tags", {{{"key", "hasten.run_token"}, {"value", token_}}}}});
+  if (!r.ok()) {
+    failed("runs/create: " + r.describe());
+    return false;
+  }
+  run_id_ = r.body["run"]["info"]["run_id"].get<std::string>();
+  return true;
+}
+
+bool RestRun::send_batch() {
+  // Params and tags go apart from metrics, so that a refused param (MLflow refuses a param
+  // logged again with another value) does not take metrics with it.
+  nlohmann::json params = nlohmann::json::array(), tags = nlohmann::json::array(), metrics = nlohmann::json::array();
+  size_t n = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Record::Kind kind = queue_.front().kind;
+    const size_t limit = kind == Record::Metric ? kMaxMetrics : kMaxParamsOrTags;
+    for (; n < queue_.size() && n < limit && queue_[n].kind == kind; ++n)
+      (kind == Record::Param ? params : kind == Record::Tag ? tags : metrics).push_back(queue_[n].entry);
+  }
+  RestClient& client = *client_;
+  auto r = client.post("runs/log-batch", {{"run_id", run_id_}, {"metrics", metrics}, {"params", params}, {"tags", tags}});
+  if (!r.ok() && !r.refused()) {
+    failed("runs/log-batch: " + r.describe());
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
+  if (r.ok()) {
+    sent_ += n;
+  } else {
+    refused_ += n;
+    settings_.warn("" + without_credentials(settings_.uri) + " refused " + std::to_string(n) + " records (" +
+                   r.describe() + "); they stay in " + settings_.journal.string());
+  }
+  return true;
+}
+
+bool RestRun::send_status() {
+  std::string status;
+  int64_t end = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    status = final_status_;
+    end = end_ms_;
+  }
+  RestClient& client = *client_;
+  auto r = client.post("runs/update", {{"run_id", run_id_}, {"status", status}, {"end_time", end}});
+  if (!r.ok()) {
+    failed("runs/update: " + r.describe());
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  status_sent_ = true;
+  return true;
+}
+
+}  // namespace hasten::mlflow

@@ -1,0 +1,245 @@
+"""Tracker mlflow against a real MLflow tracking server (MLflow's own `mlflow server` from
+.venv-mlflow, SQLite backend, on a free loopback port), read back with MLflow's Python client:
+
+1. a run's every metric at every step, its params, tags and FINISHED status;
+2. the server killed (SIGKILL) mid-run and started again on the same database: the run goes
+   on, one warning names the journal, and afterwards every step is on the server exactly once;
+3. no server when the run starts, one started later: nothing lost;
+4. no server at all: the run ends within flush_timeout with exit 0, a warning names the
+   journal, and the journal holds every metric;
+5. the file store of an offline run, read by MLflow's client;
+6. bad tracking_uri values: one line each."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import harness as h
+
+MLFLOW_VENV = os.environ["HASTEN_TEST_MLFLOW_VENV"]
+MLFLOW = os.path.join(MLFLOW_VENV, "bin", "mlflow")
+MLFLOW_PY = os.path.join(MLFLOW_VENV, "bin", "python")
+if not os.path.exists(MLFLOW):
+    h.fail(f"no {MLFLOW}: run `make deps` (scripts/install-deps.sh makes .venv-mlflow)")
+EXAMPLE = os.path.join(os.environ["HASTEN_TEST_BIN_DIR"], "hasten-example")
+STEPS_KEYS = ("loss", "samples_per_s")
+
+READER = r"""
+import json, sys
+from mlflow.tracking import MlflowClient
+uri, experiment, run_name = sys.argv[1:4]
+c = MlflowClient(uri)
+e = c.get_experiment_by_name(experiment)
+runs = c.search_runs([e.experiment_id], filter_string="tags.`mlflow.runName` = '%s'" % run_name) if e else []
+out = []
+for r in runs:
+    out.append({"status": r.info.status, "end_time": r.info.end_time, "params": r.data.params,
+                "tags": r.data.tags, "metrics": {k: [(m.step, m.value) for m in c.get_metric_history(r.info.run_id, k)]
+                                                 for k in r.data.metrics}})
+print(json.dumps(out))
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, root, port):
+        self.root, self.port, self.proc = root, port, None
+        self.uri = f"http://127.0.0.1:{port}"
+
+    def start(self):
+        log = open(os.path.join(self.root, "server.log"), "a")
+        self.proc = subprocess.Popen(
+            [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{self.root}/mlflow.db", "--default-artifact-root",
+             f"{self.root}/artifacts", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                h.fail(f"mlflow server exited {self.proc.returncode}; log {self.root}/server.log")
+            try:
+                with urllib.request.urlopen(self.uri + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        h.fail(f"mlflow server did not answer on {self.uri} within 120 s; log {self.root}/server.log")
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def logged_steps(self, experiment, run_name):
+        """Steps of `loss` the server holds for the run, through the REST API (no client)."""
+        def post(endpoint, body):
+            req = urllib.request.Request(f"{self.uri}/api/2.0/mlflow/{endpoint}", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return json.load(r)
+        try:
+            with urllib.request.urlopen(f"{self.uri}/api/2.0/mlflow/experiments/get-by-name?experiment_name="
+                                        f"{experiment}", timeout=5) as r:
+                eid = json.load(r)["experiment"]["experiment_id"]
+            runs = post("runs/search", {"experiment_ids": [eid],
+                                        "filter": f"tags.`mlflow.runName` = '{run_name}'"}).get("runs", [])
+            for m in runs[0]["data"].get("metrics", []) if runs else []:
+                if m["key"] == "loss":
+                    return m["step"]
+        except (OSError, KeyError, IndexError):
+            pass
+        return 0
+
+
+def read_runs(uri, experiment, run_name, env=None):
+    p = subprocess.run([MLFLOW_PY, "-c", READER, uri, experiment, run_name], capture_output=True, text=True,
+                       timeout=120, env=env)
+    if p.returncode != 0:
+        h.fail(f"MLflow's client could not read {uri}:\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout)
+
+
+def train(project, run_name, steps, options, env=None, background=False):
+    cmd = [EXAMPLE, "--workload", "mlp-small", "--steps", str(steps), "--warmup", "0", "--log_every", "1",
+           "--quiet", "--project_dir", project, "--log_with", "mlflow",
+           "--set", "tracker_options={mlflow: {run_name: %s, %s}}" % (run_name, options)]
+    full_env = dict(os.environ, **(env or {}))
+    if background:
+        return subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return h.run(cmd, env=env, timeout=300)
+
+
+def check_run(uri, run_name, steps, what, env=None):
+    runs = read_runs(uri, "hasten-example", run_name, env)
+    if len(runs) != 1:
+        h.fail(f"{what}: {len(runs)} runs named {run_name} (want 1)")
+    r = runs[0]
+    if r["status"] != "FINISHED" or not r["end_time"]:
+        h.fail(f"{what}: status {r['status']}, end_time {r['end_time']}")
+    for key in STEPS_KEYS:
+        got = [s for s, _ in r["metrics"].get(key, [])]
+        if sorted(got) != list(range(1, steps + 1)):
+            missing = sorted(set(range(1, steps + 1)) - set(got))
+            dup = len(got) - len(set(got))
+            h.fail(f"{what}: metric {key}: {len(got)} values, missing steps {missing[:10]}, {dup} repeated")
+    want = {"workload": "mlp-small", "steps": str(steps), "strategy": "single", "num_processes": "1",
+            "mixed_precision": "no", "gradient_accumulation_steps": "1", "batch_size": "32"}
+    if r["params"] != want:
+        h.fail(f"{what}: params {r['params']} (want {want})")
+    for tag in ("mlflow.runName", "mlflow.user", "mlflow.source.name", "mlflow.source.type"):
+        if not r["tags"].get(tag):
+            h.fail(f"{what}: no tag {tag} in {r['tags']}")
+    if not r["tags"]["mlflow.source.name"].endswith("hasten-example"):
+        h.fail(f"{what}: mlflow.source.name {r['tags']['mlflow.source.name']}")
+    return r
+
+
+def journals(project):
+    d = os.path.join(project, "hasten_logs", "hasten-example", "mlflow-journal")
+    return [os.path.join(d, f) for f in os.listdir(d)] if os.path.isdir(d) else []
+
+
+with tempfile.TemporaryDirectory() as d:
+    server = Server(d, free_port())
+    try:
+        # 1. A run against a server that stays up.
+        server.start()
+        project = os.path.join(d, "p1")
+        p = train(project, "steady", 30, f"tracking_uri: '{server.uri}'")
+        if p.returncode != 0:
+            h.fail(f"steady run exited {p.returncode}:\n{p.stderr[-3000:]}")
+        r = check_run(server.uri, "steady", 30, "steady run")
+        if abs(r["metrics"]["final_loss"][0][1] - r["metrics"]["loss"][-1][1]) > 1e-6:
+            h.fail(f"final_loss {r['metrics']['final_loss']} is not the last loss {r['metrics']['loss'][-1]}")
+        if journals(project):
+            h.fail(f"a run whose records all reached the server left journals: {journals(project)}")
+
+        # 2. The server killed mid-run and started again on the same database.
+        project = os.path.join(d, "p2")
+        steps = 150
+        run = train(project, "outage", steps, f"tracking_uri: '{server.uri}'",
+                    env={"HASTEN_TEST_STEP_DELAY_MS": "60"}, background=True)
+        deadline = time.time() + 60
+        while server.logged_steps("hasten-example", "outage") < 10:
+            if run.poll() is not None or time.time() > deadline:
+                h.fail("the outage run logged no 10 steps to the server before it ended or 60 s passed")
+            time.sleep(0.2)
+        server.kill()
+        time.sleep(2)
+        if run.poll() is not None:
+            h.fail("the outage run ended before the server came back: make it longer")
+        server.start()
+        restarted_at = server.logged_steps("hasten-example", "outage")
+        if run.poll() is not None:
+            h.fail("the outage run ended before the server was up again: make it longer")
+        out, err = run.communicate(timeout=300)
+        if run.returncode != 0:
+            h.fail(f"outage run exited {run.returncode}:\n{err[-3000:]}")
+        if "did not take the run's records" not in err or "mlflow-journal" not in err:
+            h.fail(f"no warning naming the journal while the server was away:\n{err[-3000:]}")
+        if "answers again" not in err:
+            h.fail(f"no line saying the server answers again:\n{err[-3000:]}")
+        if restarted_at >= steps:
+            h.fail(f"the server already held all {steps} steps when it came back: the outage missed the run")
+        check_run(server.uri, "outage", steps, "run across a server restart")
+        if journals(project):
+            h.fail(f"the outage run's records all reached the server, yet journals stay: {journals(project)}")
+
+        # 3. No server when the run starts; one comes up later.
+        server.kill()
+        project = os.path.join(d, "p3")
+        run = train(project, "late", 60, f"tracking_uri: '{server.uri}'",
+                    env={"HASTEN_TEST_STEP_DELAY_MS": "60"}, background=True)
+        time.sleep(1.5)
+        server.start()
+        out, err = run.communicate(timeout=300)
+        if run.returncode != 0:
+            h.fail(f"late-server run exited {run.returncode}:\n{err[-3000:]}")
+        check_run(server.uri, "late", 60, "run started before its server")
+        server.kill()
+
+        # 4. No server at all: bounded end, exit 0, every record in the journal.
+        project = os.path.join(d, "p4")
+        t0 = time.time()
+        p = train(project, "alone", 20, f"tracking_uri: '{server.uri}', flush_timeout: 2")
+        took = time.time() - t0
+        if p.returncode != 0:
+            h.fail(f"a run without its server exited {p.returncode}:\n{p.stderr[-3000:]}")
+        if took > 60:
+            h.fail(f"a run without its server took {took:.0f} s (flush_timeout 2)")
+        found = journals(project)
+        if len(found) != 1 or found[0] not in p.stderr or "did not reach" not in p.stderr:
+            h.fail(f"journal {found} not named in the warning:\n{p.stderr[-3000:]}")
+        with open(found[0]) as f:
+            lines = [json.loads(line) for line in f]
+        loss_steps = sorted(x["metric"]["step"] for x in lines if "metric" in x and x["metric"]["key"] == "loss")
+        if loss_steps != list(range(1, 21)) or not any(x.get("status") == "FINISHED" for x in lines):
+            h.fail(f"the journal holds loss steps {loss_steps} and statuses "
+                   f"{[x['status'] for x in lines if 'status' in x]}")
+    finally:
+        server.kill()
+
+    # 5. The file store of an offline run, read by MLflow's client.
+    store = os.path.join(d, "mlruns")
+    p = train(os.path.join(d, "p5"), "offline", 12, f"tracking_dir: '{store}'")
+    if p.returncode != 0:
+        h.fail(f"file-store run exited {p.returncode}:\n{p.stderr[-3000:]}")
+    check_run("file://" + store, "offline", 12, "file store", env=dict(os.environ, MLFLOW_ALLOW_FILE_STORE="true"))
+
+    # 6. Bad values.
+    bad = train(os.path.join(d, "p6"), "bad", 2, "tracking_uri: 'ftp://127.0.0.1:1'")
+    h.check_clean_failure(bad, "tracking_uri ftp", "is not a tracking server (allowed: http://HOST:PORT")
+    bad = train(os.path.join(d, "p6"), "bad", 2, f"tracking_uri: 'http://127.0.0.1:1', tracking_dir: '{store}'")
+    h.check_clean_failure(bad, "tracking_uri and tracking_dir", "tracking_dir and tracking_uri both given")
+    bad = train(os.path.join(d, "p6"), "bad", 2, "tracking_uri: 'http://127.0.0.1:1', flush_timeout: -1")
+    h.check_clean_failure(bad, "flush_timeout -1", "flush_timeout")
+print("mlflow server: OK")
