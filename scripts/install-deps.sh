@@ -25,6 +25,7 @@ packages=(
   libcli11-dev libyaml-cpp-dev nlohmann-json3-dev libdlpack-dev
   libgtest-dev libgmock-dev
   libprotobuf-dev protobuf-compiler # tensorboard tracker: event/summary messages from a .proto subset
+  libpng-dev                        # tensorboard tracker: images as PNG
   binutils file jq procps
   libcurl4-openssl-dev              # mlflow tracker: the tracking server's REST API over HTTP(S)
   zlib1g-dev                        # gzread for the Fashion-MNIST example's IDX files

@@ -8,7 +8,15 @@
 //   with --widen it then logs a new metric, extra = 1, at step 6 (a new column).
 // --time N instead logs N calls of four scalars and prints how long the calls took (the
 // per-log cost in docs/trackers.md), end_training's wait for the trackers included.
+// --media instead logs, at steps 1 and 2 (test_tracker_media.py recomputes every value):
+//   images "rgb" (float [3, 6, 8], (c * 48 + y * 8 + x) / 143), "grey" (uint8 [6, 8], y * 30 + x),
+//   "rgba" (uint8 [5, 6, 4] HWC, (y * 12 + x * 4 + c) * 3);
+//   histogram "weights" (linspace(-2, 3, 1001) * step, one NaN added), "counts" (int64 0..99);
+//   table "samples": columns [id, text, score], rows [1, "a|b", 0.5], [2, "c", -1].
+// --bad-image logs a [5, 4, 6] image (neither CHW nor HWC).
 #include <hasten/hasten.hpp>
+
+#include <torch/torch.h>
 
 #include <chrono>
 #include <cmath>
@@ -25,9 +33,13 @@ int main(int argc, char** argv) {
   const bool hold = argc == 3 && std::string(argv[1]) == "--hold";
   const bool timed = argc == 3 && std::string(argv[1]) == "--time";
   const bool widen = argc == 2 && std::string(argv[1]) == "--widen";
+  const bool media = argc == 2 && std::string(argv[1]) == "--media";
+  const bool bad_image = argc == 2 && std::string(argv[1]) == "--bad-image";
   const long calls = timed ? std::strtol(argv[2], nullptr, 10) : 0;
-  if ((argc > 1 && !fail && !hold && !timed && !widen) || (timed && calls <= 0)) {
-    std::cerr << "hasten-test-trackers: error: the flags are --fail, --hold FILE, --widen and --time N (N >= 1)" << std::endl;
+  if ((argc > 1 && !fail && !hold && !timed && !widen && !media && !bad_image) || (timed && calls <= 0)) {
+    std::cerr << "hasten-test-trackers: error: the flags are --fail, --hold FILE, --widen, --media, --bad-image and "
+                 "--time N (N >= 1)"
+              << std::endl;
     return 2;
   }
   try {
@@ -42,6 +54,25 @@ int main(int argc, char** argv) {
       const auto t2 = std::chrono::steady_clock::now();
       std::cout << "logged " << calls << " calls in " << std::chrono::duration<double>(t1 - t0).count()
                 << " s, end_training " << std::chrono::duration<double>(t2 - t1).count() << " s" << std::endl;
+      return 0;
+    }
+    if (media || bad_image) {
+      if (bad_image) acc.log_images({{"bad", torch::zeros({5, 4, 6})}}, 1);
+      for (int64_t step = 1; step <= 2; ++step) {
+        const auto rgb = torch::arange(3 * 6 * 8, torch::kFloat).reshape({3, 6, 8}) / 143.0;
+        const auto grey = (torch::arange(6).reshape({6, 1}) * 30 + torch::arange(8).reshape({1, 8})).to(torch::kUInt8);
+        const auto rgba = ((torch::arange(5).reshape({5, 1, 1}) * 12 + torch::arange(6).reshape({1, 6, 1}) * 4 +
+                            torch::arange(4).reshape({1, 1, 4})) * 3).to(torch::kUInt8);
+        acc.log_images({{"rgb", rgb}, {"grey", grey}, {"rgba", rgba}}, step);
+        auto weights = torch::linspace(-2, 3, 1001, torch::kDouble) * static_cast<double>(step);
+        weights = torch::cat({weights, torch::tensor({std::nan("")}, torch::kDouble)});
+        acc.log_histogram("weights", weights, step);
+        acc.log_histogram("counts", torch::arange(100, torch::kLong), step);
+        acc.log_table("samples", {"id", "text", "score"}, {{1.0, "a|b", 0.5}, {2.0, "c", -1.0}}, step);
+        acc.log({{"loss", 1.0 / static_cast<double>(step)}}, step);
+      }
+      acc.end_training();
+      std::cout << "trackers: done" << std::endl;
       return 0;
     }
     for (int64_t step = 1; step <= 5; ++step) {

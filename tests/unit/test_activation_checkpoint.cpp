@@ -59,7 +59,9 @@ Run train(const std::string& how, const std::string& precision) {
   hasten::Accelerator acc(o);
   torch::manual_seed(0);
   Net net;
-  if (how == "call") EXPECT_EQ(acc.checkpoint_activations(net), 3u);  // the three blocks
+  if (how == "call") {
+    EXPECT_EQ(acc.checkpoint_activations(net), 3u);  // the three blocks
+  }
   torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-2));
   auto [model, opt] = acc.prepare(net, adamw);
   for (auto& b : net->blocks) EXPECT_EQ(b->hasten_checkpointed(), !how.empty());

@@ -340,7 +340,7 @@ class Accelerator {
   // recursively_apply). Maps are visited by key, so every rank must pass the same keys.
   template <class T, std::enable_if_t<detail::is_nested_v<T>, int> = 0>
   T gather(const T& data) {
-    return on_tensors(data, [this](const torch::Tensor& t) { return engine_->gather(t); });
+    return detail::on_tensor_leaves(data, [this](const torch::Tensor& t) { return engine_->gather(t); });
   }
   // A std::vector of values that are not tensors (one per sample: strings, numbers...) is
   // gathered as objects, less the same padding samples (Accelerate's gather_object path).
@@ -349,19 +349,19 @@ class Accelerator {
     if constexpr (detail::is_std_vector<T>::value && !detail::has_tensor_leaves_v<T>)
       return detail::gather_objects_for_metrics(*engine_, data);
     else
-      return on_tensors(data, [this](const torch::Tensor& t) { return engine_->gather_for_metrics(t); });
+      return detail::on_tensor_leaves(data, [this](const torch::Tensor& t) { return engine_->gather_for_metrics(t); });
   }
   template <class T, std::enable_if_t<detail::is_nested_v<T>, int> = 0>
   T reduce(const T& data, const std::string& op = "sum") {
-    return on_tensors(data, [this, &op](const torch::Tensor& t) { return engine_->reduce(t, op); });
+    return detail::on_tensor_leaves(data, [this, &op](const torch::Tensor& t) { return engine_->reduce(t, op); });
   }
   template <class T, std::enable_if_t<detail::is_nested_v<T>, int> = 0>
   T broadcast(const T& data, int from_process = 0) {
-    return on_tensors(data, [this, from_process](const torch::Tensor& t) { return engine_->broadcast(t, from_process); });
+    return detail::on_tensor_leaves(data, [this, from_process](const torch::Tensor& t) { return engine_->broadcast(t, from_process); });
   }
   template <class T, std::enable_if_t<detail::is_nested_v<T>, int> = 0>
   T pad_across_processes(const T& data, int64_t dim = 0, double pad_index = 0, bool pad_first = false) {
-    return on_tensors(data, [this, dim, pad_index, pad_first](const torch::Tensor& t) {
+    return detail::on_tensor_leaves(data, [this, dim, pad_index, pad_first](const torch::Tensor& t) {
       return engine_->pad_across_processes(t, dim, pad_index, pad_first);
     });
   }
@@ -402,12 +402,12 @@ class Accelerator {
   }
   template <class F>
   RunOn<std::decay_t<F>> on_process(F&& fn, int process_index) const {
-    check_process_index("on_process", process_index, num_processes());
+    detail::check_process_index("on_process", process_index, num_processes());
     return {std::forward<F>(fn), process_index == this->process_index()};
   }
   template <class F>
   RunOn<std::decay_t<F>> on_local_process(F&& fn, int local_process_index) const {
-    check_process_index("on_local_process", local_process_index, process().local_world_size);
+    detail::check_process_index("on_local_process", local_process_index, process().local_world_size);
     return {std::forward<F>(fn), local_process_index == this->local_process_index()};
   }
   // --- end of that block ---
@@ -471,6 +471,16 @@ class Accelerator {
   void log_text(const std::string& name, const std::string& text, int64_t step = -1) {
     engine_->log_text(name, text, step);
   }
+  // Images for the trackers that keep them (the others: one line, once): [H, W], [C, H, W] or
+  // [H, W, C], C 1, 3 or 4 (CHW where both fit), uint8 or floating 0-1 (tracker_media.cpp).
+  void log_images(const std::vector<std::pair<std::string, torch::Tensor>>& images, int64_t step = -1) {
+    engine_->log_images(images, step);
+  }
+  // A histogram of the values' finite elements (weights, gradients: any tensor, on any device).
+  void log_histogram(const std::string& name, const torch::Tensor& values, int64_t step = -1) { engine_->log_histogram(name, values, step); }
+  // Accelerate's log_table: named columns, rows of text or number cells.
+  void log_table(const std::string& name, const std::vector<std::string>& columns,
+                 const std::vector<std::vector<TableCell>>& rows, int64_t step = -1) { engine_->log_table(name, columns, rows, step); }
   void end_training() { engine_->end_training(); }
 
  private:
@@ -480,18 +490,6 @@ class Accelerator {
     return HookHandle([engine = std::weak_ptr<detail::Engine>(engine_), id] {
       if (auto e = engine.lock()) e->remove_state_pre_hook(id);
     });
-  }
-  template <class T, class F>
-  static T on_tensors(const T& data, F fn) {
-    static_assert(detail::has_tensor_leaves_v<T>,
-                  "gather/gather_for_metrics/reduce/broadcast/pad_across_processes on a structure: every leaf "
-                  "must be a torch::Tensor (use gather_object/broadcast_object_list for other values)");
-    return detail::apply_to_tensors(data, fn);
-  }
-  static void check_process_index(const char* what, int index, int count) {
-    if (index < 0 || index >= count)
-      throw UsageError(std::string(what) + ": process index " + std::to_string(index) + " is out of range [0, " +
-                       std::to_string(count) + ")");
   }
 
   std::shared_ptr<detail::Engine> engine_;

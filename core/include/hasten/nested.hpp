@@ -101,6 +101,16 @@ T apply_to_tensors(const T& data, F& fn) {
   }
 }
 
+// apply_to_tensors for the Accelerator's collectives on structures, with their one-line
+// compile error for a leaf that is not a tensor.
+template <class T, class F>
+T on_tensor_leaves(const T& data, F fn) {
+  static_assert(has_tensor_leaves_v<T>,
+                "gather/gather_for_metrics/reduce/broadcast/pad_across_processes on a structure: every leaf "
+                "must be a torch::Tensor (use gather_object/broadcast_object_list for other values)");
+  return apply_to_tensors(data, fn);
+}
+
 // split_between_processes: the share of `length` items that rank r of n takes (Accelerate's
 // arithmetic: the first length % n ranks get one more), and the length every share has with
 // apply_padding.

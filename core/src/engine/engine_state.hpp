@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,7 @@ struct Engine::Impl {
   void start_sharded_build(Engine& self);
   static void stop_sharded_build(const Engine& self);
   std::vector<std::unique_ptr<RunningTracker>> trackers;  // trackers/
+  std::set<std::pair<std::string, int32_t>> tracker_skips;  // (tracker, kKeeps* bit) named once (tracker_media.cpp)
   // engine/: the prepared objects and the lifecycle's state machines.
   std::vector<ModelEntry> models;
   std::vector<OptimizerEntry> optimizers;

@@ -55,6 +55,17 @@ class InProcessTracker final : public RunningTracker {
   void log_text(const std::string& name, const std::string& text, int64_t step) override {
     t_.log_text(name, text, step);
   }
+  int32_t keeps() const override { return const_cast<TrackerInstance&>(t_).keeps(); }
+  void log_image(const std::string& name, const std::vector<uint8_t>& pixels, uint32_t h, uint32_t w, uint32_t c,
+                 int64_t step) override {
+    t_.log_image(name, pixels, h, w, c, step);
+  }
+  void log_histogram(const std::string& name, const std::vector<double>& values, int64_t step) override {
+    t_.log_histogram(name, values, step);
+  }
+  void log_table(const std::string& name, const std::string& table_json, int64_t step) override {
+    t_.log_table(name, table_json, step);
+  }
   void end(hasten_status status) override {
     t_.flush();
     t_.finish(status);
@@ -91,7 +102,7 @@ class IsolatedTracker final : public RunningTracker {
     send(w, "create");
   }
 
-  void wait_created() override { reply("create", Msg::Created); }
+  void wait_created() override { keeps_ = reply("create", Msg::Created).i32(); }
 
   ~IsolatedTracker() override {
     if (pid_ <= 0) return;
@@ -124,6 +135,28 @@ class IsolatedTracker final : public RunningTracker {
     wire::Writer w(Msg::Text);
     w.i64(step).str(name).str(text);
     post(w, "log_text");
+  }
+
+  int32_t keeps() const override { return keeps_; }
+
+  void log_image(const std::string& name, const std::vector<uint8_t>& pixels, uint32_t h, uint32_t w, uint32_t c,
+                 int64_t step) override {
+    wire::Writer m(Msg::Image);
+    m.i64(step).str(name).i32(static_cast<int32_t>(h)).i32(static_cast<int32_t>(w)).i32(static_cast<int32_t>(c));
+    m.str(reinterpret_cast<const char*>(pixels.data()), pixels.size());
+    post(m, "log_image");
+  }
+
+  void log_histogram(const std::string& name, const std::vector<double>& values, int64_t step) override {
+    wire::Writer m(Msg::Histogram);
+    m.i64(step).str(name).str(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(double));
+    post(m, "log_histogram");
+  }
+
+  void log_table(const std::string& name, const std::string& table_json, int64_t step) override {
+    wire::Writer m(Msg::Table);
+    m.i64(step).str(name).str(table_json);
+    post(m, "log_table");
   }
 
   void end(hasten_status status) override {
@@ -180,15 +213,16 @@ class IsolatedTracker final : public RunningTracker {
     if (r == Io::Closed) gone(stage);
   }
 
-  // Reads one answer; anything but `expected` ends the tracker with the reason.
-  void reply(const char* stage, Msg expected) {
+  // Reads one answer (returned, its type read); anything but `expected` ends the tracker with
+  // the reason.
+  wire::Reader reply(const char* stage, Msg expected) {
     std::string body;
     const Io r = wire::read_frame(fd_, body, Clock::now() + kReplyWait);
     if (r == Io::Timeout) stalled(stage);
     if (r == Io::Closed) gone(stage);
     wire::Reader in(std::move(body));
     const Msg type = in.type();
-    if (type == expected && type != Msg::Failed) return;
+    if (type == expected && type != Msg::Failed) return in;
     if (type == Msg::Failed) {
       in.str();  // the stage: the message names it already
       const std::string message = in.str();
@@ -251,6 +285,7 @@ class IsolatedTracker final : public RunningTracker {
   pid_t pid_ = -1;
   int fd_ = -1;
   std::string crashed_in_;  // the call the host's signal handler reported
+  int32_t keeps_ = 0;       // what the host said the tracker keeps, at create
 };
 
 }  // namespace

@@ -28,6 +28,13 @@ class RunningTracker {
                      int rank) = 0;
   virtual void log_scalars(const std::vector<std::pair<std::string, double>>& values, int64_t step) = 0;
   virtual void log_text(const std::string& name, const std::string& text, int64_t step) = 0;
+  // What the tracker keeps beyond scalars (kKeeps* bits: the optional slots its plugin has).
+  virtual int32_t keeps() const = 0;
+  // pixels: height * width * channels bytes, HWC (hasten_tracker_vtable.log_image).
+  virtual void log_image(const std::string& name, const std::vector<uint8_t>& pixels, uint32_t height, uint32_t width,
+                         uint32_t channels, int64_t step) = 0;
+  virtual void log_histogram(const std::string& name, const std::vector<double>& values, int64_t step) = 0;
+  virtual void log_table(const std::string& name, const std::string& table_json, int64_t step) = 0;
   // Flushes and finishes with status (the run's outcome).
   virtual void end(hasten_status status) = 0;
 };

@@ -30,8 +30,9 @@ using wire::Msg;
 
 // The call in progress, for the crash handler: one prepared Crashed frame per call, so the
 // handler only write()s (async-signal-safe).
-enum Stage { kCreate, kStart, kLogScalars, kLogText, kFlush, kFinish, kDestroy, kStages };
-const char* const kStageNames[kStages] = {"create", "start", "log_scalars", "log_text", "flush", "finish", "destroy"};
+enum Stage { kCreate, kStart, kLogScalars, kLogText, kLogImage, kLogHistogram, kLogTable, kFlush, kFinish, kDestroy, kStages };
+const char* const kStageNames[kStages] = {"create",        "start",     "log_scalars", "log_text", "log_image",
+                                          "log_histogram", "log_table", "flush",       "finish",   "destroy"};
 std::string g_crash_frames[kStages];
 volatile sig_atomic_t g_stage = kCreate;
 
@@ -110,7 +111,7 @@ int run() {
   try {
     at(kCreate);
     tracker = std::make_unique<TrackerInstance>(select_tracker(file, name), &context->api, options);
-    if (!send(wire::Writer(Msg::Created))) return 0;
+    if (!send(wire::Writer(Msg::Created).i32(tracker->keeps()))) return 0;
     for (;;) {
       const wire::Io r = wire::read_frame(wire::kHostFd, body, std::nullopt);
       if (r != wire::Io::Done) break;  // the training process is gone or ended without finish
@@ -145,6 +146,35 @@ int run() {
           const std::string text = in.str();
           at(kLogText);
           tracker->log_text(key, text, step);
+          break;
+        }
+        case Msg::Image: {
+          const int64_t step = in.i64();
+          const std::string key = in.str();
+          const auto h = static_cast<uint32_t>(in.i32()), w = static_cast<uint32_t>(in.i32());
+          const auto c = static_cast<uint32_t>(in.i32());
+          const std::string bytes = in.str();
+          if (bytes.size() != static_cast<size_t>(h) * w * c) return 2;
+          at(kLogImage);
+          tracker->log_image(key, std::vector<uint8_t>(bytes.begin(), bytes.end()), h, w, c, step);
+          break;
+        }
+        case Msg::Histogram: {
+          const int64_t step = in.i64();
+          const std::string key = in.str();
+          const std::string bytes = in.str();
+          std::vector<double> values(bytes.size() / sizeof(double));
+          std::memcpy(values.data(), bytes.data(), values.size() * sizeof(double));
+          at(kLogHistogram);
+          tracker->log_histogram(key, values, step);
+          break;
+        }
+        case Msg::Table: {
+          const int64_t step = in.i64();
+          const std::string key = in.str();
+          const std::string table = in.str();
+          at(kLogTable);
+          tracker->log_table(key, table, step);
           break;
         }
         case Msg::Finish: {

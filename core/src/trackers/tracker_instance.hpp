@@ -17,9 +17,18 @@ namespace hasten::detail {
 // `trackers` gives it or by its plugin's name); a key that is neither is a ConfigError.
 std::vector<std::pair<PluginSelection, std::string>> choose_trackers(const Config& config);
 
+// What a tracker keeps beyond scalars: one bit per optional slot of its vtable.
+enum : int32_t { kKeepsText = 1, kKeepsImages = 2, kKeepsHistograms = 4, kKeepsTables = 8 };
+
 class TrackerInstance : public PluginInstance {
  public:
   using PluginInstance::PluginInstance;
+
+  int32_t keeps() {
+    const auto& t = vt().tracker;
+    return (t.log_text ? kKeepsText : 0) | (t.log_image ? kKeepsImages : 0) | (t.log_histogram ? kKeepsHistograms : 0) |
+           (t.log_table ? kKeepsTables : 0);
+  }
 
   void start(const std::string& project, const std::string& logging_dir,
              const std::string& hparams_json, int rank) {
@@ -56,6 +65,19 @@ class TrackerInstance : public PluginInstance {
   void log_text(const std::string& name, const std::string& text, int64_t step) {
     if (auto fn = vt().tracker.log_text)
       call("log_text", [&] { return fn(instance_, name.c_str(), text.c_str(), step); });
+  }
+  void log_image(const std::string& name, const std::vector<uint8_t>& pixels, uint32_t h, uint32_t w, uint32_t c,
+                 int64_t step) {
+    if (auto fn = vt().tracker.log_image)
+      call("log_image", [&] { return fn(instance_, name.c_str(), pixels.data(), h, w, c, step); });
+  }
+  void log_histogram(const std::string& name, const std::vector<double>& values, int64_t step) {
+    if (auto fn = vt().tracker.log_histogram)
+      call("log_histogram", [&] { return fn(instance_, name.c_str(), values.data(), values.size(), step); });
+  }
+  void log_table(const std::string& name, const std::string& table_json, int64_t step) {
+    if (auto fn = vt().tracker.log_table)
+      call("log_table", [&] { return fn(instance_, name.c_str(), table_json.c_str(), step); });
   }
   void flush() {
     if (auto fn = vt().tracker.flush) call("flush", [&] { return fn(instance_); });

@@ -36,10 +36,13 @@ enum class Msg : uint8_t {
   Scalars = 3,  // step, n, n x (name, value)
   Text = 4,     // step, name, text
   Finish = 5,   // status: flush, finish(status), reply Finished, destroy, exit
+  Image = 6,      // step, name, height, width, channels, pixels (a string of bytes)
+  Histogram = 7,  // step, name, values (a string of doubles)
+  Table = 8,      // step, name, table_json
   // End of stream (the training process closed its end or died): destroy without finish,
   // which trackers record as a run that did not end well, and exit.
   // host -> training process
-  Created = 10,   // create() succeeded
+  Created = 10,   // create() succeeded; keeps (i32: the kKeeps* bits of the tracker's slots)
   Started = 11,   // start() succeeded
   Failed = 12,    // stage, message: the tracker returned an error (or threw); the host exits
   Finished = 13,  // finish() returned; destroy follows

@@ -339,7 +339,8 @@ static hasten_status csv_finish(hasten_instance* self, hasten_status status) {
 
 static const hasten_tracker_vtable csv_vtable = {
     sizeof(hasten_tracker_vtable), HASTEN_ABI_VERSION,
-    csv_create, csv_destroy, csv_start, csv_log_scalars, NULL, csv_flush, csv_finish};
+    csv_create, csv_destroy, csv_start, csv_log_scalars, NULL, csv_flush, csv_finish,
+    NULL, NULL, NULL};  /* 1.9: no images, histograms or tables */
 
 static const hasten_plugin_descriptor csv_descriptor = {
     sizeof(hasten_plugin_descriptor), HASTEN_ABI_VERSION, HASTEN_KIND_TRACKER, "csv", "1.0",

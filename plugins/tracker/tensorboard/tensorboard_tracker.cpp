@@ -1,9 +1,10 @@
 // Tracker "tensorboard": one TensorBoard run directory per init_trackers call,
 //   <logging_dir>/<project>/tensorboard/<run_name>/events.out.tfevents.<seconds>.<host>
 // holding TFRecord-framed Event messages (hasten_tb/*.proto, TensorFlow's field numbers):
-// the brain.Event:2 header, scalars as simple_value, text for the text plugin, and the
-// HParams plugin's session start (hyperparameters) and end (status) so the HPARAMS tab lists
-// the run. Records are buffered and written every max_queue records, every flush_secs
+// the brain.Event:2 header, scalars as simple_value, images as PNG (libpng), histograms in
+// TensorFlow's default buckets (histogram.cpp), text and tables (as markdown) for the text
+// plugin, and the HParams plugin's session start (hyperparameters) and end (status) so the
+// HPARAMS tab lists the run with its scalars as metrics. Records are buffered and written every max_queue records, every flush_secs
 // seconds (by a timer thread, so that an idle run's last records reach the disk too), on
 // flush() and at the end.
 // C tier: libprotobuf and nlohmann-json, no LibTorch.
@@ -26,6 +27,8 @@
 
 #include "hasten_tb/event.pb.h"
 #include "hasten_tb/hparams.pb.h"
+#include "histogram.hpp"
+#include "png_encode.hpp"
 #include "record_writer.hpp"
 
 namespace {
@@ -169,6 +172,54 @@ class TensorboardTracker final : public hasten::sdk::Tracker {
     maybe_flush();
   }
 
+  void log_image(const char* name, const uint8_t* pixels, uint32_t height, uint32_t width, uint32_t channels,
+                 int64_t step) override {
+    std::string png = hasten::tensorboard::encode_png(pixels, height, width, channels);  // outside the lock
+    std::lock_guard<std::mutex> lock(mutex_);
+    tb::Event event = stamped(step);
+    auto* v = event.mutable_summary()->add_value();
+    v->set_tag(name);
+    auto* image = v->mutable_image();
+    image->set_height(static_cast<int32_t>(height));
+    image->set_width(static_cast<int32_t>(width));
+    image->set_colorspace(static_cast<int32_t>(channels));
+    image->set_encoded_image_string(std::move(png));
+    write(event);
+    maybe_flush();
+  }
+
+  void log_histogram(const char* name, const double* values, uint64_t n, int64_t step) override {
+    tb::Event event = stamped(step);
+    auto* v = event.mutable_summary()->add_value();
+    v->set_tag(name);
+    hasten::tensorboard::fill_histogram(values, n, *v->mutable_histo());
+    std::lock_guard<std::mutex> lock(mutex_);
+    write(event);
+    maybe_flush();
+  }
+
+  // A table as the text plugin shows one: a markdown table.
+  void log_table(const char* name, const char* table_json, int64_t step) override {
+    const auto table = nlohmann::json::parse(table_json, nullptr, false);
+    if (!table.is_object() || !table.contains("columns") || !table.contains("data"))
+      throw Error(HASTEN_ERR_INVALID_ARGUMENT, std::string("tensorboard: table '") + name + "' is not {columns, data}");
+    auto cell = [](const nlohmann::json& c) {
+      std::string text = c.is_string() ? c.get<std::string>() : c.is_null() ? "" : c.dump();
+      std::string out;
+      for (char ch : text) out += ch == '|' ? std::string("\\|") : ch == '\n' ? std::string(" ") : std::string(1, ch);
+      return out;
+    };
+    std::string md = "|", rule = "|";
+    for (const auto& c : table["columns"]) md += " " + cell(c) + " |", rule += " --- |";
+    md += "\n" + rule + "\n";
+    for (const auto& row : table["data"]) {
+      md += "|";
+      for (const auto& c : row) md += " " + cell(c) + " |";
+      md += "\n";
+    }
+    log_text(name, md.c_str(), step);
+  }
+
   void flush() override {
     std::lock_guard<std::mutex> lock(mutex_);
     report_timer_error();
@@ -278,7 +329,7 @@ class TensorboardTracker final : public hasten::sdk::Tracker {
 
 constexpr hasten_plugin_descriptor kTensorboard = hasten::sdk::with_options(
     hasten::sdk::tracker_descriptor<TensorboardTracker>(
-        "tensorboard", "1.0", "TensorBoard event files: scalars, text and the HPARAMS session of each run"),
+        "tensorboard", "1.1", "TensorBoard event files: scalars, images, histograms, text, tables and the HPARAMS session of each run"),
     kOptions);
 
 }  // namespace

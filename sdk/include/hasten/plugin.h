@@ -1,5 +1,5 @@
 /*
- * hasten plugin ABI, version 1.8.
+ * hasten plugin ABI, version 1.9.
  *
  * The one contract between the hasten core (the "host") and its plugins: strategies,
  * precision, trackers and communication backends. C99, no LibTorch, no C++.
@@ -53,6 +53,8 @@
  *            constructed: models built without their full weights); hasten_option_spec.run_setting
  *            "sharded_init" on a BOOL spec (DeepSpeed's zero3_init_flag, FSDP's
  *            fsdp_cpu_ram_efficient_loading).
+ *     1.9    tracker slots log_image, log_histogram and log_table (Accelerator::log_images,
+ *            log_histogram, log_table, routed to the trackers that have them).
  *
  * - Tensors in asynchronous calls: a DLTensor struct passed to any call (and its shape and
  *   strides arrays) is borrowed for the duration of the call only; a callee that needs them
@@ -94,7 +96,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------ */
 
 #define HASTEN_ABI_MAJOR 1
-#define HASTEN_ABI_MINOR 8
+#define HASTEN_ABI_MINOR 9
 /* Packed as (major << 16) | minor in every abi_version field. */
 #define HASTEN_ABI_VERSION ((uint32_t)((HASTEN_ABI_MAJOR << 16) | HASTEN_ABI_MINOR))
 #define HASTEN_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -625,6 +627,20 @@ typedef struct hasten_tracker_vtable {
   hasten_status (*flush)(hasten_instance* self);
   /* Optional. The run ended; status is HASTEN_OK or the failure that ended it. */
   hasten_status (*finish)(hasten_instance* self, hasten_status status);
+  /* 1.9. Optional. An image (Accelerator::log_images): pixels, borrowed for the call, are
+   * height * width * channels bytes, row after row, each pixel's channels together (HWC);
+   * channels 1 (grey), 3 (RGB) or 4 (RGBA). NULL: the tracker keeps no images. */
+  hasten_status (*log_image)(hasten_instance* self, const char* name, const uint8_t* pixels, uint32_t height,
+                             uint32_t width, uint32_t channels, int64_t step);
+  /* 1.9. Optional. The values of a histogram (Accelerator::log_histogram), n doubles,
+   * borrowed for the call, finite ones only; the tracker buckets them its own way. NULL: the
+   * tracker keeps no histograms. */
+  hasten_status (*log_histogram)(hasten_instance* self, const char* name, const double* values, uint64_t n,
+                                 int64_t step);
+  /* 1.9. Optional. A table (Accelerator::log_table), borrowed for the call: the text of one
+   * JSON object {"columns": [names], "data": [[cell, ...], ...]} whose cells are strings,
+   * numbers or null. NULL: the tracker keeps no tables. */
+  hasten_status (*log_table)(hasten_instance* self, const char* name, const char* table_json, int64_t step);
 } hasten_tracker_vtable;
 
 /* ------------------------------------------------------------------------------------------ */

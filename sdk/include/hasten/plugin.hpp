@@ -421,6 +421,17 @@ class Tracker : public PluginBase {
   }
   virtual void flush() {}
   virtual void finish(hasten_status status) { (void)status; }
+  // 1.9 (each optional; a tracker that overrides one gets the slot).
+  virtual void log_image(const char* name, const uint8_t* pixels, uint32_t height, uint32_t width, uint32_t channels,
+                         int64_t step) {
+    (void)name, (void)pixels, (void)height, (void)width, (void)channels, (void)step;
+  }
+  virtual void log_histogram(const char* name, const double* values, uint64_t n, int64_t step) {
+    (void)name, (void)values, (void)n, (void)step;
+  }
+  virtual void log_table(const char* name, const char* table_json, int64_t step) {
+    (void)name, (void)table_json, (void)step;
+  }
 };
 
 template <class T>
@@ -450,6 +461,19 @@ constexpr hasten_tracker_vtable make_tracker_vtable() {
   if constexpr (HASTEN_SDK_OVERRIDES(T, Tracker, finish))
     vt.finish = [](hasten_instance* i, hasten_status s) noexcept {
       return detail::call<Tracker>(i, [&](Tracker& t) { t.finish(s); });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Tracker, log_image))
+    vt.log_image = [](hasten_instance* i, const char* name, const uint8_t* pixels, uint32_t h, uint32_t w, uint32_t c,
+                      int64_t step) noexcept {
+      return detail::call<Tracker>(i, [&](Tracker& t) { t.log_image(name, pixels, h, w, c, step); });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Tracker, log_histogram))
+    vt.log_histogram = [](hasten_instance* i, const char* name, const double* values, uint64_t n, int64_t step) noexcept {
+      return detail::call<Tracker>(i, [&](Tracker& t) { t.log_histogram(name, values, n, step); });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Tracker, log_table))
+    vt.log_table = [](hasten_instance* i, const char* name, const char* table, int64_t step) noexcept {
+      return detail::call<Tracker>(i, [&](Tracker& t) { t.log_table(name, table, step); });
     };
   return vt;
 }

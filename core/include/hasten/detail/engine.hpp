@@ -4,6 +4,7 @@
 
 #include <hasten/config.hpp>
 #include <hasten/data.hpp>
+#include <hasten/error.hpp>
 #include <hasten/gradient_state.hpp>
 #include <hasten/process.hpp>
 #include <hasten/state_hooks.hpp>
@@ -26,11 +27,20 @@ enum class ReduceOp { Sum = 0, Avg = 1, Min = 2, Max = 3 };
 using HparamValue = std::variant<bool, int64_t, double, std::string>;
 using Hparams = std::vector<std::pair<std::string, HparamValue>>;
 using Metrics = std::vector<std::pair<std::string, double>>;
+// A cell of Accelerator::log_table: text or a number.
+using TableCell = std::variant<std::string, double>;
 }  // namespace hasten
 
 namespace hasten::detail {
 
 struct PendingWork;
+
+// Accelerator::on_process / on_local_process: an index within [0, count).
+inline void check_process_index(const char* what, int index, int count) {
+  if (index < 0 || index >= count)
+    throw UsageError(std::string(what) + ": process index " + std::to_string(index) + " is out of range [0, " +
+                     std::to_string(count) + ")");
+}
 
 class Engine {
  public:
@@ -199,6 +209,11 @@ class Engine {
   void synchronize_rng_states(const std::vector<std::string>& rng_types, torch::Generator generator);
   void log(const std::vector<std::pair<std::string, double>>& values, int64_t step);
   void log_text(const std::string& name, const std::string& text, int64_t step);
+  // tracker_media.cpp: images, histograms and tables, to the trackers that keep them.
+  void log_images(const std::vector<std::pair<std::string, torch::Tensor>>& images, int64_t step);
+  void log_histogram(const std::string& name, const torch::Tensor& values, int64_t step);
+  void log_table(const std::string& name, const std::vector<std::string>& columns,
+                 const std::vector<std::vector<TableCell>>& rows, int64_t step);
   void end_training();
 
  private:
