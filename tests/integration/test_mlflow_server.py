@@ -7,13 +7,17 @@
 3. no server when the run starts, one started later: nothing lost;
 4. no server at all: the run ends within flush_timeout with exit 0, a warning names the
    journal, and the journal holds every metric;
-5. the file store of an offline run, read by MLflow's client;
-6. bad tracking_uri values: one line each."""
+5. MLFLOW_TRACKING_URI naming the server, NaN and inf values, and a run that ends by an error:
+   FAILED on the server;
+6. the file store of an offline run, read by MLflow's client;
+7. bad tracking_uri and flush_timeout values: one line each."""
 import json
+import math
 import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -26,6 +30,7 @@ MLFLOW_PY = os.path.join(MLFLOW_VENV, "bin", "python")
 if not os.path.exists(MLFLOW):
     h.fail(f"no {MLFLOW}: run `make deps` (scripts/install-deps.sh makes .venv-mlflow)")
 EXAMPLE = os.path.join(os.environ["HASTEN_TEST_BIN_DIR"], "hasten-example")
+WORKER = os.path.join(os.environ["HASTEN_TEST_WORKER_DIR"], "hasten-test-trackers")
 STEPS_KEYS = ("loss", "samples_per_s")
 
 READER = r"""
@@ -34,7 +39,8 @@ from mlflow.tracking import MlflowClient
 uri, experiment, run_name = sys.argv[1:4]
 c = MlflowClient(uri)
 e = c.get_experiment_by_name(experiment)
-runs = c.search_runs([e.experiment_id], filter_string="tags.`mlflow.runName` = '%s'" % run_name) if e else []
+flt = "tags.`mlflow.runName` = '%s'" % run_name if run_name else ""
+runs = c.search_runs([e.experiment_id], filter_string=flt) if e else []
 out = []
 for r in runs:
     out.append({"status": r.info.status, "end_time": r.info.end_time, "params": r.data.params,
@@ -166,7 +172,7 @@ with tempfile.TemporaryDirectory() as d:
         # 2. The server killed mid-run and started again on the same database.
         project = os.path.join(d, "p2")
         steps = 150
-        run = train(project, "outage", steps, f"tracking_uri: '{server.uri}'",
+        run = train(project, "outage", steps, f"tracking_uri: '{server.uri}', flush_timeout: 45",
                     env={"HASTEN_TEST_STEP_DELAY_MS": "60"}, background=True)
         deadline = time.time() + 60
         while server.logged_steps("hasten-example", "outage") < 10:
@@ -197,7 +203,7 @@ with tempfile.TemporaryDirectory() as d:
         # 3. No server when the run starts; one comes up later.
         server.kill()
         project = os.path.join(d, "p3")
-        run = train(project, "late", 60, f"tracking_uri: '{server.uri}'",
+        run = train(project, "late", 60, f"tracking_uri: '{server.uri}', flush_timeout: 45",
                     env={"HASTEN_TEST_STEP_DELAY_MS": "60"}, background=True)
         time.sleep(1.5)
         server.start()
@@ -214,7 +220,7 @@ with tempfile.TemporaryDirectory() as d:
         took = time.time() - t0
         if p.returncode != 0:
             h.fail(f"a run without its server exited {p.returncode}:\n{p.stderr[-3000:]}")
-        if took > 60:
+        if took > 25:
             h.fail(f"a run without its server took {took:.0f} s (flush_timeout 2)")
         found = journals(project)
         if len(found) != 1 or found[0] not in p.stderr or "did not reach" not in p.stderr:
@@ -225,21 +231,41 @@ with tempfile.TemporaryDirectory() as d:
         if loss_steps != list(range(1, 21)) or not any(x.get("status") == "FINISHED" for x in lines):
             h.fail(f"the journal holds loss steps {loss_steps} and statuses "
                    f"{[x['status'] for x in lines if 'status' in x]}")
+
+        # 5. MLFLOW_TRACKING_URI names the server; NaN and inf values; a run that ends by an
+        # error (no end_training) is FAILED there, within the tracker host's limits.
+        server.start()
+        logs = os.path.join(d, "p5")
+        p = h.run([WORKER, "--fail"], env={"HASTEN_LOG_WITH": "mlflow", "HASTEN_LOGGING_DIR": logs,
+                                           "MLFLOW_TRACKING_URI": server.uri})
+        if p.returncode == 0 or "injected failure" not in p.stderr:
+            h.fail(f"the failing worker exited {p.returncode}:\n{p.stderr[-2000:]}")
+        runs = read_runs(server.uri, "trk", "")
+        if len(runs) != 1 or runs[0]["status"] != "FAILED":
+            h.fail(f"a run that ended by an error: {[(r['status'], r['end_time']) for r in runs]} (want one FAILED)")
+        loss = dict(runs[0]["metrics"]["loss"])
+        acc = dict(runs[0]["metrics"]["acc"])
+        # MLflow's SQL store keeps +inf as the largest double (sys.float_info.max).
+        if sorted(loss) != [1, 2, 3, 4, 5] or not math.isnan(loss[3]) or acc[4] not in (math.inf, sys.float_info.max) \
+                or loss[2] != 0.5:
+            h.fail(f"NaN and inf on the server: loss {loss}, acc {acc}")
     finally:
         server.kill()
 
-    # 5. The file store of an offline run, read by MLflow's client.
+    # 6. The file store of an offline run, read by MLflow's client.
     store = os.path.join(d, "mlruns")
     p = train(os.path.join(d, "p5"), "offline", 12, f"tracking_dir: '{store}'")
     if p.returncode != 0:
         h.fail(f"file-store run exited {p.returncode}:\n{p.stderr[-3000:]}")
     check_run("file://" + store, "offline", 12, "file store", env=dict(os.environ, MLFLOW_ALLOW_FILE_STORE="true"))
 
-    # 6. Bad values.
+    # 7. Bad values.
     bad = train(os.path.join(d, "p6"), "bad", 2, "tracking_uri: 'ftp://127.0.0.1:1'")
     h.check_clean_failure(bad, "tracking_uri ftp", "is not a tracking server (allowed: http://HOST:PORT")
     bad = train(os.path.join(d, "p6"), "bad", 2, f"tracking_uri: 'http://127.0.0.1:1', tracking_dir: '{store}'")
     h.check_clean_failure(bad, "tracking_uri and tracking_dir", "tracking_dir and tracking_uri both given")
     bad = train(os.path.join(d, "p6"), "bad", 2, "tracking_uri: 'http://127.0.0.1:1', flush_timeout: -1")
     h.check_clean_failure(bad, "flush_timeout -1", "flush_timeout")
+    bad = train(os.path.join(d, "p6"), "bad", 2, "tracking_uri: 'http://127.0.0.1:1', flush_timeout: 60")
+    h.check_clean_failure(bad, "flush_timeout 60", "flush_timeout")
 print("mlflow server: OK")

@@ -8,7 +8,8 @@ checked against PyTorch's SummaryWriter writing the same values in this test:
 - hparams: the HParams plugin's session start (the run's hyperparameters) and end (success),
   with the run's scalars as its metrics;
 in a tracker host process (the default) and in the training process. A tracker that keeps no
-images (mlflow) is named once; a bad image is one line and a non-zero exit."""
+images (mlflow) is named once; a bad image is one line and a non-zero exit. init_trackers's
+init_kwargs override tracker_options; a bad one is one line."""
 import io
 import os
 import subprocess
@@ -125,6 +126,21 @@ with tempfile.TemporaryDirectory() as d:
                 h.fail(f"{mode}: {p.stderr.count(line)} lines {line!r} (want 1):\n{p.stderr}")
         if p.stderr.count("holds 1 NaN or infinite values of 1002") != 2:
             h.fail(f"{mode}: no warning for the NaN of each weights histogram:\n{p.stderr}")
+    # init_kwargs: a tracker's options for this run, over its tracker_options key by key.
+    logs = os.path.join(d, "kwargs")
+    env = {"HASTEN_LOG_WITH": "tensorboard", "HASTEN_LOGGING_DIR": logs,
+           "HASTEN_TRACKER_OPTIONS": "{tensorboard: {run_name: from-config, max_queue: 3}}"}
+    p = h.run([WORKER, "--init-kwargs", "tensorboard={run_name: from-kwargs}"], env=env)
+    if p.returncode != 0 or os.listdir(os.path.join(logs, "trk", "tensorboard")) != ["from-kwargs"]:
+        h.fail(f"init_kwargs run_name: exit {p.returncode}, runs "
+               f"{os.listdir(os.path.join(logs, 'trk', 'tensorboard')) if p.returncode == 0 else p.stderr}")
+    bad = h.run([WORKER, "--init-kwargs", "tensorbord={run_name: x}"], env=env)
+    h.check_clean_failure(bad, "init_kwargs for no tracker", "init_trackers: init_kwargs names 'tensorbord', which is not "
+                          "a configured tracker (trackers: tensorboard); did you mean 'tensorboard'?")
+    bad = h.run([WORKER, "--init-kwargs", "tensorboard=[1, 2]"], env=env)
+    h.check_clean_failure(bad, "init_kwargs not a mapping", "init_kwargs['tensorboard'] is [1, 2] (allowed: a mapping")
+    bad = h.run([WORKER, "--init-kwargs", "tensorboard={max_queue: 0}"], env=env)
+    h.check_clean_failure(bad, "init_kwargs with a bad option", "max_queue")
     bad = h.run([WORKER, "--bad-image"], env={"HASTEN_LOG_WITH": "tensorboard", "HASTEN_LOGGING_DIR": d})
     h.check_clean_failure(bad, "a [5, 4, 6] image",
                           "log_images: image 'bad' has shape [5, 4, 6]: neither [C, H, W] nor [H, W, C] with C 1, 3 or 4")

@@ -14,6 +14,7 @@
 //   histogram "weights" (linspace(-2, 3, 1001) * step, one NaN added), "counts" (int64 0..99);
 //   table "samples": columns [id, text, score], rows [1, "a|b", 0.5], [2, "c", -1].
 // --bad-image logs a [5, 4, 6] image (neither CHW nor HWC).
+// --init-kwargs NAME=MAPPING passes init_kwargs {NAME: MAPPING} to init_trackers.
 #include <hasten/hasten.hpp>
 
 #include <torch/torch.h>
@@ -35,8 +36,18 @@ int main(int argc, char** argv) {
   const bool widen = argc == 2 && std::string(argv[1]) == "--widen";
   const bool media = argc == 2 && std::string(argv[1]) == "--media";
   const bool bad_image = argc == 2 && std::string(argv[1]) == "--bad-image";
+  hasten::TrackerKwargs kwargs;
+  if (argc == 3 && std::string(argv[1]) == "--init-kwargs") {
+    const std::string arg = argv[2];
+    const size_t eq = arg.find('=');
+    if (eq == std::string::npos) {
+      std::cerr << "hasten-test-trackers: error: --init-kwargs takes NAME=MAPPING" << std::endl;
+      return 2;
+    }
+    kwargs[arg.substr(0, eq)] = arg.substr(eq + 1);
+  }
   const long calls = timed ? std::strtol(argv[2], nullptr, 10) : 0;
-  if ((argc > 1 && !fail && !hold && !timed && !widen && !media && !bad_image) || (timed && calls <= 0)) {
+  if ((argc > 1 && !fail && !hold && !timed && !widen && !media && !bad_image && kwargs.empty()) || (timed && calls <= 0)) {
     std::cerr << "hasten-test-trackers: error: the flags are --fail, --hold FILE, --widen, --media, --bad-image and "
                  "--time N (N >= 1)"
               << std::endl;
@@ -44,7 +55,8 @@ int main(int argc, char** argv) {
   }
   try {
     hasten::Accelerator acc;
-    acc.init_trackers("trk", {{"lr", 0.001}, {"model", std::string("mlp")}, {"layers", int64_t{3}}, {"bf16", false}});
+    acc.init_trackers("trk", {{"lr", 0.001}, {"model", std::string("mlp")}, {"layers", int64_t{3}}, {"bf16", false}},
+                      kwargs);
     if (timed) {
       const auto t0 = std::chrono::steady_clock::now();
       for (long i = 1; i <= calls; ++i)

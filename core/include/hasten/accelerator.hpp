@@ -463,14 +463,13 @@ class Accelerator {
   }
 
   // Trackers (config key `trackers`), on the main process only.
-  void init_trackers(const std::string& project, const Hparams& hparams = {}) {
-    engine_->init_trackers(project, hparams);
+  // init_kwargs: Accelerate's, per tracker its options ({{"mlflow", "{run_name: baseline}"}}).
+  void init_trackers(const std::string& project, const Hparams& hparams = {}, const TrackerKwargs& init_kwargs = {}) {
+    engine_->init_trackers(project, hparams, init_kwargs);
   }
   void log(const Metrics& values, int64_t step = -1) { engine_->log(values, step); }
   // A text entry (a sample, a note) for the trackers that keep text; the others skip it.
-  void log_text(const std::string& name, const std::string& text, int64_t step = -1) {
-    engine_->log_text(name, text, step);
-  }
+  void log_text(const std::string& name, const std::string& text, int64_t step = -1) { engine_->log_text(name, text, step); }
   // Images for the trackers that keep them (the others: one line, once): [H, W], [C, H, W] or
   // [H, W, C], C 1, 3 or 4 (CHW where both fit), uint8 or floating 0-1 (tracker_media.cpp).
   void log_images(const std::vector<std::pair<std::string, torch::Tensor>>& images, int64_t step = -1) {
@@ -482,6 +481,9 @@ class Accelerator {
   void log_table(const std::string& name, const std::vector<std::string>& columns,
                  const std::vector<std::vector<TableCell>>& rows, int64_t step = -1) { engine_->log_table(name, columns, rows, step); }
   void end_training() { engine_->end_training(); }
+  // LibTorch's profiler over the optimizer steps from now: `wait` and `warmup` steps, then
+  // `active` ones recorded on every rank into <dir>/<host>_rank<R>.pt.trace.json (config key profile).
+  void profile(const ProfileSettings& window) { engine_->profile(window); }
 
  private:
   HookHandle state_pre_hook(bool save, StateHook hook) {

@@ -11,6 +11,7 @@
 // torch.profiler.schedule's), at step wait + warmup it records, and after `active` steps it
 // stops and writes <dir>/<host>_rank<R>.pt.trace.json (the name TensorBoard's PyTorch profiler
 // plugin lists). A run that ends inside the window writes what it recorded.
+#include <hasten/error.hpp>
 #include <hasten/logging.hpp>
 
 #include <ATen/record_function.h>
@@ -81,6 +82,24 @@ void Engine::Impl::profile_tick() {
   }
 }
 
+void Engine::profile(ProfileSettings window) {
+  Impl& s = *impl_;
+  const auto& w = s.profiling;
+  if (s.config.profile.enabled && !w.done)
+    throw UsageError("profile: a profiling window is open already (step " + std::to_string(w.step) + " of wait " +
+                     std::to_string(s.config.profile.wait) + ", warmup " + std::to_string(s.config.profile.warmup) +
+                     ", active " + std::to_string(s.config.profile.active) + "); call profile again after it ends");
+  if (window.wait < 0 || window.warmup < 0 || window.active < 1)
+    throw UsageError("profile: wait " + std::to_string(window.wait) + ", warmup " + std::to_string(window.warmup) +
+                     ", active " + std::to_string(window.active) + " (allowed: wait and warmup >= 0, active >= 1)");
+  window.enabled = true;
+  s.config.profile = window;
+  const int windows = s.profiling.windows;
+  s.profiling = {};  // counted from here
+  s.profiling.windows = windows;
+  s.profile_tick();
+}
+
 void Engine::Impl::profile_finish() noexcept {
   ProfileWindow& w = profiling;
   if (!w.recording || w.done) return;
@@ -93,7 +112,12 @@ void Engine::Impl::profile_finish() noexcept {
     fs::create_directories(dir);
     char host[256] = {0};
     ::gethostname(host, sizeof host - 1);
-    const fs::path file = dir / (std::string(host) + "_rank" + std::to_string(process.rank) + ".pt.trace.json");
+    // A later window of the same run (Accelerator::profile again) gets .2, .3, ... before the
+    // suffix: TensorBoard's profile plugin reads the part before .pt.trace.json as the worker.
+    const std::string stem = std::string(host) + "_rank" + std::to_string(process.rank);
+    fs::path file = dir / (stem + ".pt.trace.json");
+    for (int n = 2; fs::exists(file) && w.windows > 0; ++n) file = dir / (stem + "." + std::to_string(n) + ".pt.trace.json");
+    ++w.windows;
     result->save(file.string());
     get_logger()->info("profile: steps {} to {} written to {}", w.first, w.step - 1, file.string());
   } catch (const std::exception& e) {

@@ -1,6 +1,7 @@
 // The host's view of a tracker plugin instance (C tier).
 #pragma once
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,7 +16,11 @@ namespace hasten::detail {
 
 // The configured trackers with the options of each (tracker_options keyed by the name
 // `trackers` gives it or by its plugin's name); a key that is neither is a ConfigError.
-std::vector<std::pair<PluginSelection, std::string>> choose_trackers(const Config& config);
+// init_kwargs (init_trackers's, keyed the same way, each a YAML or JSON mapping) override
+// tracker_options key by key; a key that names no tracker, or a value that is not a mapping, is
+// a UsageError.
+std::vector<std::pair<PluginSelection, std::string>> choose_trackers(const Config& config,
+                                                                     const std::map<std::string, std::string>& init_kwargs = {});
 
 // What a tracker keeps beyond scalars: one bit per optional slot of its vtable.
 enum : int32_t { kKeepsText = 1, kKeepsImages = 2, kKeepsHistograms = 4, kKeepsTables = 8 };

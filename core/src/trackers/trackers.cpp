@@ -42,14 +42,14 @@ void for_each_tracker(std::vector<std::unique_ptr<RunningTracker>>& trackers, co
 
 }  // namespace
 
-void Engine::init_trackers(const std::string& project, const std::string& hparams_json) {
+void Engine::init_trackers(const std::string& project, const std::string& hparams_json, const TrackerKwargs& init_kwargs) {
   Impl& s = *impl_;
   if (!s.process.is_main_process()) return;  // trackers live on the main process
   if (!s.trackers.empty()) throw UsageError("init_trackers: trackers are already running");
   // Creating the plugins checks their options: a configuration error, which stops the run.
   // A host process that dies while creating its tracker is a crash, reported like the others.
   std::vector<std::unique_ptr<RunningTracker>> trackers;
-  for (auto& [selection, options] : choose_trackers(s.config)) {
+  for (auto& [selection, options] : choose_trackers(s.config, init_kwargs)) {
     if (s.config.trackers_in_process) {
       trackers.push_back(make_in_process_tracker(selection, &s.host.api, options));
       continue;
@@ -108,11 +108,11 @@ void Engine::end_training() {
 
 namespace hasten {
 
-void detail::Engine::init_trackers(const std::string& project, const Hparams& hparams) {
+void detail::Engine::init_trackers(const std::string& project, const Hparams& hparams, const TrackerKwargs& init_kwargs) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   for (auto& [key, value] : hparams)
     std::visit([&, k = key](const auto& v) { j[k] = v; }, value);
-  init_trackers(project, j.dump());
+  init_trackers(project, j.dump(), init_kwargs);
 }
 
 }  // namespace hasten

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -54,6 +55,11 @@ std::string param_text(const nlohmann::json& v) {
   return v.dump();
 }
 
+// The longest waits for a tracking server at the end of a run: the tracker host process's
+// answer to finish must come within 60 s and its exit within 30 s (running_tracker.cpp), or it
+// is stopped as hung, with the warning that names the journal unsaid.
+constexpr double kMaxFlushTimeoutS = 45, kUnfinishedWaitS = 10;
+
 class MlflowTracker final : public hasten::sdk::Tracker {
  public:
   MlflowTracker(const hasten_host_api* host, std::string_view options) : Tracker(host) {
@@ -73,7 +79,9 @@ class MlflowTracker final : public hasten::sdk::Tracker {
 
   ~MlflowTracker() override {
     if (server_ != nullptr) {
-      if (!ended_) server_->finish(false);  // bounded by flush_timeout
+      // The run ended without end_training: a shorter wait, inside the tracker host's own
+      // limit for a process whose training program has gone (running_tracker.cpp).
+      if (!ended_) server_->finish(false, std::min(flush_timeout_s_, kUnfinishedWaitS));
       return;
     }
     if (store_ == nullptr || ended_) return;
@@ -162,7 +170,7 @@ class MlflowTracker final : public hasten::sdk::Tracker {
     if (ended_) return;
     if (server_ != nullptr) {
       ended_ = true;
-      server_->finish(status == HASTEN_OK);
+      server_->finish(status == HASTEN_OK, flush_timeout_s_);
       return;
     }
     if (store_ == nullptr) return;
@@ -187,7 +195,10 @@ constexpr hasten_option_spec kOptions[] = {
     OptionSpec("tracking_dir", HASTEN_OPTION_STRING,
                "The file store's root (default: MLFLOW_TRACKING_URI when it is a local path, else <logging_dir>/<project>/mlruns)"),
     OptionSpec("flush_timeout", HASTEN_OPTION_FLOAT,
-               "Seconds the end of a run waits for a tracking server to take what is still queued").min(0).default_json("30"),
+               "Seconds the end of a run waits for a tracking server to take what is still queued (10 at most when the run "
+               "ends without end_training)")
+        .range(0, kMaxFlushTimeoutS)
+        .default_json("30"),
     OptionSpec("experiment_name", HASTEN_OPTION_STRING, "Experiment of the runs (default: the project name)"),
     OptionSpec("run_name", HASTEN_OPTION_STRING, "The run's mlflow.runName (default <project>-<YYYYmmdd-HHMMSS>)"),
 };

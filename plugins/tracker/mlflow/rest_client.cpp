@@ -10,6 +10,11 @@ namespace hasten::mlflow {
 
 namespace {
 
+// libcurl's progress callback: a non-zero return ends the transfer.
+int aborted(void* flag, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  return static_cast<const std::atomic<bool>*>(flag)->load() ? 1 : 0;
+}
+
 size_t append(char* data, size_t size, size_t n, void* out) {
   static_cast<std::string*>(out)->append(data, size * n);
   return size * n;
@@ -58,9 +63,12 @@ struct RestClient::Impl {
   std::string userpwd;
   long timeout_ms = 10000;
   bool insecure = false;
+  const std::atomic<bool>* abort = nullptr;
 };
 
-RestClient::RestClient(const std::string& base, long timeout_ms) : impl_(std::make_unique<Impl>()) {
+RestClient::RestClient(const std::string& base, long timeout_ms, const std::atomic<bool>* abort)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->abort = abort;
   // libcurl 7.84+ makes its global set-up thread-safe; once per process all the same.
   static std::once_flag once;
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
@@ -120,6 +128,11 @@ RestResponse RestClient::call(const std::string& url, const std::string* body) {
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, std::min(impl_->timeout_ms, 5000L));
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);  // a worker thread: no SIGALRM for timeouts
   curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+  if (impl_->abort != nullptr) {
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, &aborted);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, const_cast<std::atomic<bool>*>(impl_->abort));
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+  }
   if (!impl_->userpwd.empty()) {
     curl_easy_setopt(c, CURLOPT_HTTPAUTH, CURLAUTH_BASIC);
     curl_easy_setopt(c, CURLOPT_USERPWD, impl_->userpwd.c_str());

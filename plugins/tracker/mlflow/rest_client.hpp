@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -17,8 +18,11 @@ struct RestResponse {
   std::string error;       // transport failure (status 0), else empty
   nlohmann::json body;     // the parsed body; null when it was empty or not JSON
   bool ok() const { return status >= 200 && status < 300; }
-  // The server answered, but no retry can succeed (400-499 except 408 and 429).
-  bool refused() const { return status >= 400 && status < 500 && status != 408 && status != 429; }
+  // The server answered, but no retry of the same records can succeed (400-499 except 408 and
+  // 429, and 401/403: credentials may be renewed, so those wait like an absent server).
+  bool refused() const {
+    return status >= 400 && status < 500 && status != 408 && status != 429 && status != 401 && status != 403;
+  }
   std::string error_code() const;  // MLflow's error_code, e.g. RESOURCE_DOES_NOT_EXIST
   std::string describe() const;    // one line: the HTTP status and MLflow's message, or why nothing came
 };
@@ -29,7 +33,8 @@ class RestClient {
   // from the URI, else MLFLOW_TRACKING_USERNAME/PASSWORD (basic), else MLFLOW_TRACKING_TOKEN
   // (bearer), as MLflow's clients read them; MLFLOW_TRACKING_INSECURE_TLS=true skips the
   // certificate check. timeout_ms bounds each call.
-  RestClient(const std::string& base, long timeout_ms);
+  // abort: when it becomes true, a call in progress ends at once (no answer).
+  RestClient(const std::string& base, long timeout_ms, const std::atomic<bool>* abort = nullptr);
   ~RestClient();
   RestClient(const RestClient&) = delete;
   RestClient& operator=(const RestClient&) = delete;

@@ -14,8 +14,27 @@ namespace {
 
 // MLflow's log-batch limits (mlflow/utils/validation.py).
 constexpr size_t kMaxMetrics = 1000, kMaxParamsOrTags = 100;
-// MLflow's longest param value; its clients cut longer ones too (MLFLOW_TRUNCATE_LONG_VALUES).
-constexpr size_t kMaxParamValue = 6000;
+// MLflow's longest param value, in characters; its clients cut longer ones too
+// (MLFLOW_TRUNCATE_LONG_VALUES). And its longest key (a database column of 250).
+constexpr size_t kMaxParamValue = 6000, kMaxKey = 250;
+
+// s cut to at most n characters (UTF-8: never inside a character).
+std::string cut_characters(const std::string& s, size_t n) {
+  size_t chars = 0, i = 0;
+  for (; i < s.size(); ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) {  // a character starts here
+      if (chars == n) break;
+      ++chars;
+    }
+  }
+  return s.substr(0, i);
+}
+
+size_t characters(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
 
 // A double as MLflow's JSON (protobuf's) reads it: NaN and the infinities as strings.
 nlohmann::json metric_value(double v) {
@@ -55,10 +74,10 @@ RestRun::RestRun(Settings settings, Identity identity)
                     {"hasten.run_token", token_}}}});
   identity_.tags.emplace_back("hasten.run_token", token_);
   for (auto& [key, value] : identity_.params) {
-    if (value.size() > kMaxParamValue) {
-      settings_.warn("param '" + key + "' is " + std::to_string(value.size()) + " characters long; MLflow keeps " +
+    if (characters(value) > kMaxParamValue) {
+      settings_.warn("param '" + key + "' is " + std::to_string(characters(value)) + " characters long; MLflow keeps " +
                      std::to_string(kMaxParamValue) + ", the rest is cut");
-      value.resize(kMaxParamValue);
+      value = cut_characters(value, kMaxParamValue);
     }
     queue_.push_back({Record::Param, {{"key", key}, {"value", value}}});
     journal({{"param", queue_.back().entry}});
@@ -72,12 +91,13 @@ RestRun::RestRun(Settings settings, Identity identity)
 }
 
 RestRun::~RestRun() {
-  if (sender_.joinable()) finish(false);
+  if (sender_.joinable()) finish(false, 0);
 }
 
 void RestRun::journal(const nlohmann::json& line) {
   if (!journal_.is_open()) return;
-  journal_ << line.dump() << '\n';
+  // Invalid UTF-8 in a name or value is written replaced, never thrown from a log call.
+  journal_ << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
   journal_.flush();  // a crash keeps what was logged
 }
 
@@ -86,7 +106,11 @@ void RestRun::log_metrics(const std::vector<std::pair<std::string, double>>& val
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [key, value] : values) {
-      queue_.push_back({Record::Metric, {{"key", key}, {"value", metric_value(value)}, {"timestamp", t}, {"step", step}}});
+      if (characters(key) > kMaxKey && warned_keys_.insert(key).second)
+        settings_.warn("metric '" + key.substr(0, 40) + "...' has a name over MLflow's " + std::to_string(kMaxKey) +
+                       " characters; it is sent cut to that");
+      queue_.push_back({Record::Metric, {{"key", cut_characters(key, kMaxKey)}, {"value", metric_value(value)},
+                                         {"timestamp", t}, {"step", step}}});
       journal({{"metric", queue_.back().entry}});
     }
     queued_ += values.size();
@@ -94,10 +118,9 @@ void RestRun::log_metrics(const std::vector<std::pair<std::string, double>>& val
   cv_.notify_one();
 }
 
-void RestRun::finish(bool finished) {
+void RestRun::finish(bool finished, double wait_s) {
   if (!sender_.joinable()) return;
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(settings_.flush_timeout_s * 1000));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(wait_s * 1000));
   bool done = false;
   uint64_t unsent = 0, refused = 0;
   {
@@ -108,18 +131,19 @@ void RestRun::finish(bool finished) {
     cv_.notify_one();
     done = drained_.wait_until(lock, deadline, [&] { return queue_.empty() && status_sent_; });
     stop_ = true;
-    unsent = queue_.size();
-    refused = refused_;
+    abort_ = true;  // a call in progress ends now: the end is bounded by flush_timeout
   }
   cv_.notify_one();
-  sender_.join();  // at most one call's timeout
+  sender_.join();
+  unsent = queue_.size();
+  refused = refused_;
   journal_.close();
   const std::string uri = without_credentials(settings_.uri);
   if (!done) {
     settings_.warn("" + std::to_string(unsent) + " of " + std::to_string(queued_) +
                    " records" + (status_sent_ ? "" : " and the run's final status") + " did not reach " + uri +
-                   " within flush_timeout " + std::to_string(static_cast<int64_t>(settings_.flush_timeout_s)) +
-                   " s; every record is kept in " + settings_.journal.string());
+                   " within " + std::to_string(static_cast<int64_t>(wait_s)) + " s at the end of the run; every record is kept in " +
+                   settings_.journal.string());
   } else if (refused > 0) {
     settings_.warn("" + uri + " refused " + std::to_string(refused) + " records; every record is kept in " +
                    settings_.journal.string());
@@ -131,7 +155,7 @@ void RestRun::finish(bool finished) {
 }
 
 void RestRun::run() {
-  client_ = std::make_unique<RestClient>(settings_.uri, settings_.request_timeout_ms);
+  client_ = std::make_unique<RestClient>(settings_.uri, settings_.request_timeout_ms, &abort_);
   auto backoff = std::chrono::milliseconds(250);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
@@ -201,6 +225,7 @@ bool RestRun::set_up() {
       return false;
     }
   }
+  if (abort_) return false;
   if (create_tried_) {
     // The last create went out and no answer came back: it may have made the run.
     auto s = client.post("runs/search", {{"experiment_ids", {experiment_id_}},
@@ -215,6 +240,7 @@ bool RestRun::set_up() {
       return true;
     }
   }
+  if (abort_) return false;
   create_tried_ = true;
   auto r = client.post("runs/create", {{"experiment_id", experiment_id_},
                                        {"user_id", identity_.user},

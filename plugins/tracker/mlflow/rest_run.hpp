@@ -12,6 +12,7 @@
 // its hasten.run_token tag instead of being created twice.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -20,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -37,7 +39,7 @@ class RestRun {
     std::string uri;                 // http(s)://host:port[/prefix]
     std::filesystem::path journal;   // the file every record is appended to first
     long request_timeout_ms = 10000; // one REST call
-    double flush_timeout_s = 30;     // how long finish() waits for the queue at most
+    double flush_timeout_s = 30;     // named in the warning of an end that did not send everything
     std::function<void(const std::string&)> warn, info;  // one line each, to the host's log
   };
   struct Identity {
@@ -47,15 +49,15 @@ class RestRun {
   };
 
   RestRun(Settings settings, Identity identity);  // starts the sender
-  ~RestRun();                                     // ends the run as FAILED unless finish() ran
+  ~RestRun();                                     // ends the run as FAILED, not waiting, unless finish() ran
   RestRun(const RestRun&) = delete;
   RestRun& operator=(const RestRun&) = delete;
 
   // Queues metrics (key, value) at step, timestamped now. Never blocks on the server.
   void log_metrics(const std::vector<std::pair<std::string, double>>& values, int64_t step);
   // Queues the run's final status (FINISHED or FAILED) and waits for the queue to be sent,
-  // flush_timeout_s at most; then stops the sender.
-  void finish(bool finished);
+  // wait_s at most (a call still in progress then is cut off); then stops the sender.
+  void finish(bool finished, double wait_s);
 
  private:
   struct Record {
@@ -83,8 +85,10 @@ class RestRun {
   int64_t end_ms_ = 0;
   bool status_sent_ = false;
   bool stop_ = false;
+  std::atomic<bool> abort_{false};  // set at the deadline: the call in progress ends at once
   std::ofstream journal_;
   uint64_t queued_ = 0, sent_ = 0, refused_ = 0;
+  std::set<std::string> warned_keys_;  // metric names over MLflow's length, said once each
 
   // The sender's own (no lock needed).
   std::unique_ptr<RestClient> client_;  // made on the sender thread, with its connection

@@ -14,6 +14,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +28,9 @@ enum class ReduceOp { Sum = 0, Avg = 1, Min = 2, Max = 3 };
 using HparamValue = std::variant<bool, int64_t, double, std::string>;
 using Hparams = std::vector<std::pair<std::string, HparamValue>>;
 using Metrics = std::vector<std::pair<std::string, double>>;
+// Accelerator::init_trackers's init_kwargs: per tracker (as `trackers` names it), a mapping of
+// its options as YAML or JSON text ("{run_name: baseline}"), over its tracker_options.
+using TrackerKwargs = std::map<std::string, std::string>;
 // A cell of Accelerator::log_table: text or a number.
 using TableCell = std::variant<std::string, double>;
 }  // namespace hasten
@@ -202,8 +206,8 @@ class Engine {
   void save_model(size_t model, const std::string& dir, uint64_t max_shard_bytes);
 
   // Trackers.
-  void init_trackers(const std::string& project, const std::string& hparams_json);
-  void init_trackers(const std::string& project, const Hparams& hparams);
+  void init_trackers(const std::string& project, const std::string& hparams_json, const TrackerKwargs& init_kwargs = {});
+  void init_trackers(const std::string& project, const Hparams& hparams, const TrackerKwargs& init_kwargs = {});
   // Rank 0's generator states on every rank: "torch" (CPU), "cuda" (this rank's device),
   // "generator" (the one given). Checks every name before the first collective.
   void synchronize_rng_states(const std::vector<std::string>& rng_types, torch::Generator generator);
@@ -215,6 +219,8 @@ class Engine {
   void log_table(const std::string& name, const std::vector<std::string>& columns,
                  const std::vector<std::vector<TableCell>>& rows, int64_t step);
   void end_training();
+  // A profiling window from this step on (profiling.cpp); UsageError while one is open.
+  void profile(ProfileSettings window);
 
  private:
   friend void unit_built(torch::nn::Module& unit);  // sharded_build.cpp
