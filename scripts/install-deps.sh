@@ -10,9 +10,10 @@
 #    clones, keyed by the pins and the interpreter, and `.venv` links to it, so a fresh clone
 #    (CI's) does not download ~3 GB again. HASTEN_VENV_CACHE moves the cache;
 #    HASTEN_BASE_PYTHON picks the interpreter the environment is made from (default: python3).
-# 3. `.venv-mlflow`: the MLflow tracking server the tests start and its Python client
-#    (scripts/mlflow-requirements.txt), cached and linked the same way, apart from .venv so that
-#    MLflow's pins never move LibTorch's.
+# 3. `.venv-services`: the real services and readers the tests use beside hasten (MLflow's
+#    tracking server and client, TensorBoard's PyTorch profiler plugin), pinned in
+#    scripts/services-requirements.txt, cached and linked the same way, apart from .venv so that
+#    their pins never move LibTorch's.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 
@@ -108,9 +109,9 @@ for h in ("c10/core/Device.h", "torch/csrc/api/include/torch/torch.h"):
 '
 echo "deps: .venv -> $(readlink -f "$root/.venv") (torch $("$root/.venv/bin/python" -c 'import torch; print(torch.__version__)'))"
 
-# .venv-mlflow: the MLflow tracking server the tests start, and its Python client.
-make_venv "$root/scripts/mlflow-requirements.txt" mlflow- .venv-mlflow 'import mlflow'
-echo "deps: .venv-mlflow -> $(readlink -f "$root/.venv-mlflow") (mlflow $("$root/.venv-mlflow/bin/python" -c 'import mlflow; print(mlflow.__version__)'))"
+# .venv-services: MLflow's tracking server and client, TensorBoard's profiler plugin.
+make_venv "$root/scripts/services-requirements.txt" services- .venv-services 'import mlflow, torch_tb_profiler'
+echo "deps: .venv-services -> $(readlink -f "$root/.venv-services") (mlflow $("$root/.venv-services/bin/python" -c 'import mlflow; print(mlflow.__version__)'))"
 
 # The CUDA wheel's CMake package needs the CUDA toolkit (nvcc) of its CUDA major version to
 # configure against, even for a CPU-only hasten: checked here so that the first `make` does not

@@ -1,5 +1,5 @@
 """Tracker mlflow against a real MLflow tracking server (MLflow's own `mlflow server` from
-.venv-mlflow, SQLite backend, on a free loopback port), read back with MLflow's Python client:
+.venv-services, SQLite backend, on a free loopback port), read back with MLflow's Python client:
 
 1. a run's every metric at every step, its params, tags and FINISHED status;
 2. the server killed (SIGKILL) mid-run and started again on the same database: the run goes
@@ -24,11 +24,11 @@ import urllib.request
 
 import harness as h
 
-MLFLOW_VENV = os.environ["HASTEN_TEST_MLFLOW_VENV"]
+MLFLOW_VENV = os.environ["HASTEN_TEST_SERVICES_VENV"]
 MLFLOW = os.path.join(MLFLOW_VENV, "bin", "mlflow")
 MLFLOW_PY = os.path.join(MLFLOW_VENV, "bin", "python")
 if not os.path.exists(MLFLOW):
-    h.fail(f"no {MLFLOW}: run `make deps` (scripts/install-deps.sh makes .venv-mlflow)")
+    h.fail(f"no {MLFLOW}: run `make deps` (scripts/install-deps.sh makes .venv-services)")
 EXAMPLE = os.path.join(os.environ["HASTEN_TEST_BIN_DIR"], "hasten-example")
 WORKER = os.path.join(os.environ["HASTEN_TEST_WORKER_DIR"], "hasten-test-trackers")
 STEPS_KEYS = ("loss", "samples_per_s")

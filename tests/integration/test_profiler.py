@@ -9,11 +9,34 @@ line naming the allowed ones."""
 import json
 import os
 import socket
+import subprocess
 import tempfile
 
 import harness as h
 
 EXAMPLE = os.path.join(h.BIN, "hasten-example")
+SERVICES_PY = os.path.join(os.environ["HASTEN_TEST_SERVICES_VENV"], "bin", "python")
+if not os.path.exists(SERVICES_PY):
+    h.fail(f"no {SERVICES_PY}: run `make deps` (scripts/install-deps.sh makes .venv-services)")
+# torch-tb-profiler's loading of one worker's trace: RunProfileData.parse, process, analyze,
+# then RunGenerator's run profile (what its TensorBoard tab shows).
+PLUGIN_READER = r"""
+import glob, json, os, sys, tempfile
+from torch_tb_profiler.profiler.data import RunProfileData
+from torch_tb_profiler.profiler.run_generator import RunGenerator
+[path] = glob.glob(os.path.join(sys.argv[1], "*.pt.trace.json"))
+worker = os.path.basename(path)[:-len(".pt.trace.json")]
+with tempfile.TemporaryDirectory() as cache:
+    data = RunProfileData.parse(worker, None, path, cache)
+    data.process()
+    data.analyze()
+    profile = RunGenerator(worker, None, data).generate_run_profile()
+names = set()
+for row in profile.operation_table_by_name["data"]:
+    names.add(row["name"])
+print(json.dumps({"views": [v.display_name for v in profile.views], "steps": [r[0] for r in profile.overview["steps"]["rows"]],
+                  "operators": sorted(names)}))
+"""
 
 with tempfile.TemporaryDirectory() as d:
     out = os.path.join(d, "profile")
@@ -59,6 +82,29 @@ with tempfile.TemporaryDirectory() as d:
             h.fail(f"rank {rank}: no gradient allreduce inside a backward")
         print(f"ok: rank {rank}: {len(events)} events, {len(hasten)} hasten ranges ({len(steps)} steps, "
               f"{len(inside)} allreduces inside backward), nested")
+
+    # The char LM's profile, read by TensorBoard's PyTorch profiler plugin (torch-tb-profiler,
+    # from .venv-services): its own parser and run generator, as its PYTORCH_PROFILER tab loads
+    # a run; the steps it finds are the window's active ones (hasten's ProfilerStep#N markers).
+    plugin_dir = os.path.join(d, "char-lm-profile")
+    p = h.run([os.path.join(h.BIN, "hasten-char-lm"), "--d_model", "64", "--n_layer", "2", "--n_head", "4",
+               "--context", "32", "--batch_size", "8", "--val_windows", "64", "--max_steps", "8", "--quiet", "--json",
+               "--project_dir", os.path.join(d, "char-lm"), "--set",
+               f"profile={{wait: 2, warmup: 1, active: 4, dir: {plugin_dir}}}"], timeout=600)
+    if p.returncode != 0:
+        h.fail(f"hasten-char-lm with a profile exited {p.returncode}:\n{p.stderr[-3000:]}")
+    reader = subprocess.run([SERVICES_PY, "-c", PLUGIN_READER, plugin_dir], capture_output=True, text=True, timeout=300)
+    if reader.returncode != 0:
+        h.fail(f"TensorBoard's profiler plugin could not load the char LM's profile:\n{reader.stderr[-3000:]}")
+    got = json.loads(reader.stdout.strip().splitlines()[-1])
+    if got["views"][:2] != ["Overview", "Operator"] or "Trace" not in got["views"]:
+        h.fail(f"the plugin's views of the char LM's profile: {got['views']}")
+    if got["steps"] != ["3", "4", "5", "6"]:
+        h.fail(f"the plugin found steps {got['steps']} in the char LM's profile (want the 4 active ones, 3 to 6)")
+    if not {"aten::addmm", "aten::_log_softmax_backward_data"} <= set(got["operators"]):
+        h.fail(f"the plugin's operator table of the char LM's profile: {got['operators'][:20]}")
+    print(f"ok: TensorBoard's profiler plugin loads the char LM's profile: steps {got['steps']}, "
+          f"{len(got['operators'])} operators")
 
     # A misspelt field: one line with the allowed ones.
     bad = h.run([EXAMPLE, "--workload", "mlp-small", "--steps", "1", "--quiet", "--set", "profile={steps: 3}"])

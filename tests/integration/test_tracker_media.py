@@ -35,7 +35,8 @@ def expected(step):
              torch.arange(4).reshape(1, 1, 4)) * 3).to(torch.uint8)
     weights = torch.linspace(-2, 3, 1001, dtype=torch.float64) * step
     return {"rgb": (rgb, "CHW"), "grey": (grey, "HW"), "rgba": (rgba, "HWC")}, {
-        "weights": weights.numpy(), "counts": np.arange(100, dtype=np.float64)}
+        "weights": weights.numpy(), "counts": np.arange(100, dtype=np.float64),
+        "outliers": np.array([1e25, 1.0, -3e21, 0.5])}
 
 
 def accumulate(run_dir):
@@ -64,7 +65,7 @@ def pixels(encoded, mode):
 def check_run(run_dir, ref, what):
     acc = accumulate(run_dir)
     tags = acc.Tags()
-    for kind, want in (("images", ["grey", "rgb", "rgba"]), ("histograms", ["counts", "weights"])):
+    for kind, want in (("images", ["grey", "rgb", "rgba"]), ("histograms", ["counts", "outliers", "weights"])):
         if sorted(tags[kind]) != want:
             h.fail(f"{what}: {kind} tags {tags[kind]} (want {want})")
     for tag in ("rgb", "grey", "rgba"):
@@ -74,10 +75,14 @@ def check_run(run_dir, ref, what):
         mode = "RGBA" if tag == "rgba" else "RGB"
         for a, b in zip(ours, theirs):
             pa, pb = pixels(a.encoded_image_string, mode), pixels(b.encoded_image_string, mode)
+            # The PNG's own colour type (SummaryWriter writes grey as RGB; hasten keeps it grey).
+            png_mode = Image.open(io.BytesIO(a.encoded_image_string)).mode
+            if png_mode != {"rgb": "RGB", "grey": "L", "rgba": "RGBA"}[tag]:
+                h.fail(f"{what}: image {tag} step {a.step} is a PNG of mode {png_mode}")
             if (a.width, a.height) != (b.width, b.height) or not np.array_equal(pa, pb):
                 h.fail(f"{what}: image {tag} step {a.step}: {a.width}x{a.height} vs SummaryWriter's "
                        f"{b.width}x{b.height}, {int((pa != pb).sum()) if pa.shape == pb.shape else 'shape'} pixels differ")
-    for tag in ("weights", "counts"):
+    for tag in ("weights", "counts", "outliers"):
         ours, theirs = acc.Histograms(tag), ref.Histograms(tag)
         if [e.step for e in ours] != [1, 2]:
             h.fail(f"{what}: histogram {tag} at steps {[e.step for e in ours]}")
@@ -120,12 +125,15 @@ with tempfile.TemporaryDirectory() as d:
             h.fail(f"{mode}: worker exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
         runs = os.listdir(os.path.join(logs, "trk", "tensorboard"))
         check_run(os.path.join(logs, "trk", "tensorboard", runs[0]), ref, mode)
-        for kind, call in (("images", "log_images"), ("histograms", "log_histogram"), ("tables", "log_table")):
+        for kind, call in (("images", "log_images"), ("histograms", "log_histogram"), ("tables", "log_table"),
+                           ("text", "log_text")):
             line = f"tracker 'mlflow' keeps no {kind}: {call} skips it (said once)"
             if p.stderr.count(line) != 1:
                 h.fail(f"{mode}: {p.stderr.count(line)} lines {line!r} (want 1):\n{p.stderr}")
         if p.stderr.count("holds 1 NaN or infinite values of 1002") != 2:
             h.fail(f"{mode}: no warning for the NaN of each weights histogram:\n{p.stderr}")
+        if p.stderr.count("log_histogram: 'nothing' has no finite values; no histogram is logged") != 2:
+            h.fail(f"{mode}: no warning for the histogram without finite values:\n{p.stderr}")
     # init_kwargs: a tracker's options for this run, over its tracker_options key by key.
     logs = os.path.join(d, "kwargs")
     env = {"HASTEN_LOG_WITH": "tensorboard", "HASTEN_LOGGING_DIR": logs,

@@ -11,7 +11,9 @@
 // --media instead logs, at steps 1 and 2 (test_tracker_media.py recomputes every value):
 //   images "rgb" (float [3, 6, 8], (c * 48 + y * 8 + x) / 143), "grey" (uint8 [6, 8], y * 30 + x),
 //   "rgba" (uint8 [5, 6, 4] HWC, (y * 12 + x * 4 + c) * 3);
-//   histogram "weights" (linspace(-2, 3, 1001) * step, one NaN added), "counts" (int64 0..99);
+//   histogram "weights" (linspace(-2, 3, 1001) * step, one NaN added), "counts" (int64 0..99),
+//   "outliers" ([1e25, 1, -3e21, 0.5]: two beyond TensorFlow's buckets), "nothing" (3 NaN);
+//   text "notes";
 //   table "samples": columns [id, text, score], rows [1, "a|b", 0.5], [2, "c", -1].
 // --bad-image logs a [5, 4, 6] image (neither CHW nor HWC).
 // --init-kwargs NAME=MAPPING passes init_kwargs {NAME: MAPPING} to init_trackers.
@@ -80,6 +82,9 @@ int main(int argc, char** argv) {
         weights = torch::cat({weights, torch::tensor({std::nan("")}, torch::kDouble)});
         acc.log_histogram("weights", weights, step);
         acc.log_histogram("counts", torch::arange(100, torch::kLong), step);
+        acc.log_histogram("outliers", torch::tensor({1e25, 1.0, -3e21, 0.5}, torch::kDouble), step);
+        acc.log_histogram("nothing", torch::full({3}, std::nan(""), torch::kFloat), step);
+        acc.log_text("notes", "step " + std::to_string(step), step);
         acc.log_table("samples", {"id", "text", "score"}, {{1.0, "a|b", 0.5}, {2.0, "c", -1.0}}, step);
         acc.log({{"loss", 1.0 / static_cast<double>(step)}}, step);
       }

@@ -81,6 +81,7 @@ struct Engine::Impl {
     int64_t first = 0;  // the first recorded step
     bool prepared = false, recording = false, done = false;
     int windows = 0;  // traces this run wrote (a later window's file gets a number)
+    void* step_marker = nullptr;  // the open ProfilerStep#N range (an at::RecordFunction)
   } profiling;
   void profile_tick();              // at construction and after each step of optimizer 0
   void profile_finish() noexcept;   // the window's end, or the run's

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <optional>
 
 #include "engine/engine_state.hpp"
 #include "util/trace_ranges.hpp"
@@ -51,6 +52,18 @@ const bool kRangesInstalled = [] {
 
 ProfilerConfig kineto_config() { return ProfilerConfig(ProfilerState::KINETO); }
 
+// torch.profiler's step markers: TensorBoard's profile plugin cuts a trace into steps at the
+// ranges named ProfilerStep#N, each from one optimizer step's end to the next one's. Ends the
+// open marker and, with a step number, opens the next.
+void mark_step(void*& marker, std::optional<int64_t> step) {
+  delete static_cast<at::RecordFunction*>(marker);
+  marker = nullptr;
+  if (!step) return;
+  auto* range = new at::RecordFunction(at::RecordScope::USER_SCOPE);
+  if (range->isActive()) range->before("ProfilerStep#" + std::to_string(*step));
+  marker = range;
+}
+
 std::set<ActivityType> activities(const torch::Device& device) {
   std::set<ActivityType> a{ActivityType::CPU};
   if (device.is_cuda()) a.insert(ActivityType::CUDA);
@@ -76,6 +89,7 @@ void Engine::Impl::profile_tick() {
       w.first = w.step;
     }
     if (w.step == stop && w.recording) profile_finish();
+    else if (w.recording) mark_step(w.step_marker, w.step);
   } catch (const std::exception& e) {
     w.done = true;
     get_logger()->warn("profile: the profiler could not start or stop ({}); this run goes on without it", e.what());
@@ -93,6 +107,7 @@ void Engine::profile(ProfileSettings window) {
     throw UsageError("profile: wait " + std::to_string(window.wait) + ", warmup " + std::to_string(window.warmup) +
                      ", active " + std::to_string(window.active) + " (allowed: wait and warmup >= 0, active >= 1)");
   window.enabled = true;
+  if (window.dir.empty()) window.dir = s.config.profile.dir;  // the config key's dir, if it named one
   s.config.profile = window;
   const int windows = s.profiling.windows;
   s.profiling = {};  // counted from here
@@ -106,6 +121,7 @@ void Engine::Impl::profile_finish() noexcept {
   w.done = true;
   w.recording = false;
   try {
+    mark_step(w.step_marker, std::nullopt);
     std::unique_ptr<profiler::ProfilerResult> result = profiler::disableProfiler();
     namespace fs = std::filesystem;
     const fs::path dir = config.profile.dir.empty() ? fs::path(config.project_dir) / "profile" : fs::path(config.profile.dir);

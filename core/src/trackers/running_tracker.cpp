@@ -102,7 +102,11 @@ class IsolatedTracker final : public RunningTracker {
     send(w, "create");
   }
 
-  void wait_created() override { keeps_ = reply("create", Msg::Created).i32(); }
+  void wait_created() override {
+    wire::Reader created = reply("create", Msg::Created);
+    // A host of this build says what the tracker keeps; one without the field keeps scalars only.
+    keeps_ = created.remaining() >= sizeof(int32_t) ? created.i32() : 0;
+  }
 
   ~IsolatedTracker() override {
     if (pid_ <= 0) return;

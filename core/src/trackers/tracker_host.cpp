@@ -154,7 +154,10 @@ int run() {
           const auto h = static_cast<uint32_t>(in.i32()), w = static_cast<uint32_t>(in.i32());
           const auto c = static_cast<uint32_t>(in.i32());
           const std::string bytes = in.str();
-          if (bytes.size() != static_cast<size_t>(h) * w * c) return 2;
+          if (bytes.size() != static_cast<size_t>(h) * w * c)
+            throw std::runtime_error("tracker host message: an image of " + std::to_string(bytes.size()) +
+                                     " bytes for " + std::to_string(h) + " x " + std::to_string(w) + " x " +
+                                     std::to_string(c));
           at(kLogImage);
           tracker->log_image(key, std::vector<uint8_t>(bytes.begin(), bytes.end()), h, w, c, step);
           break;
@@ -163,6 +166,8 @@ int run() {
           const int64_t step = in.i64();
           const std::string key = in.str();
           const std::string bytes = in.str();
+          if (bytes.size() % sizeof(double) != 0)
+            throw std::runtime_error("tracker host message: histogram values of " + std::to_string(bytes.size()) + " bytes");
           std::vector<double> values(bytes.size() / sizeof(double));
           std::memcpy(values.data(), bytes.data(), values.size() * sizeof(double));
           at(kLogHistogram);

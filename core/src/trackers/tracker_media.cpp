@@ -1,5 +1,5 @@
-// Tracker calls beyond scalars: images, histograms and tables (Accelerator::log_images,
-// log_histogram, log_table). The tensors become what the tracker ABI takes (uint8 HWC pixels,
+// Tracker calls beyond scalars: text, images, histograms and tables (Accelerator::log_text,
+// log_images, log_histogram, log_table). The tensors become what the tracker ABI takes (uint8 HWC pixels,
 // doubles, a table's JSON) here, once for every tracker, and each call goes only to the trackers
 // whose plugin has the slot; a tracker without it is named once per kind, so that nothing a
 // program logs disappears without a word.
@@ -27,6 +27,9 @@ namespace {
 // The most values a histogram passes on: more are sampled with an even stride (a tracker's
 // buckets do not need every value of a large tensor, and a host process's frame has a limit).
 constexpr int64_t kMaxHistogramValues = int64_t{1} << 24;
+// The largest image passed on (64 MiB of pixels: 4096 x 4096 RGBA): a tracker host process's
+// frames have a limit, and no tracker shows a bigger picture.
+constexpr int64_t kMaxImageBytes = int64_t{64} << 20;
 
 bool is_channels(int64_t n) { return n == 1 || n == 3 || n == 4; }
 
@@ -48,6 +51,9 @@ torch::Tensor to_pixels(const std::string& name, const torch::Tensor& image) {
     throw UsageError(what + " has " + std::to_string(t.dim()) + " dimensions (allowed: [H, W], [C, H, W], [H, W, C])");
   }
   if (t.size(0) == 0 || t.size(1) == 0) throw UsageError(what + " is empty: " + c10::str(image.sizes()));
+  if (t.numel() > kMaxImageBytes)
+    throw UsageError(what + " has " + std::to_string(t.numel()) + " pixel values (allowed: at most " +
+                     std::to_string(kMaxImageBytes) + ", e.g. 4096 x 4096 RGBA)");
   if (t.scalar_type() == torch::kUInt8) return t.contiguous();
   if (!t.is_floating_point())
     throw UsageError(what + " is " + std::string(c10::toString(t.scalar_type())) +
@@ -82,6 +88,12 @@ void to_trackers_that_keep(Trackers& trackers, Skips& skips, int32_t bit, const 
 
 }  // namespace
 
+void Engine::log_text(const std::string& name, const std::string& text, int64_t step) {
+  Impl& s = *impl_;
+  to_trackers_that_keep(s.trackers, s.tracker_skips, kKeepsText, "text", "log_text",
+                        [&](RunningTracker& t) { t.log_text(name, text, step); });
+}
+
 void Engine::log_images(const std::vector<std::pair<std::string, torch::Tensor>>& images, int64_t step) {
   Impl& s = *impl_;
   // Checked on every rank, so that a bad image is the same error everywhere.
@@ -112,6 +124,10 @@ void Engine::log_histogram(const std::string& name, const torch::Tensor& values,
     get_logger()->warn("log_histogram: '{}' holds {} NaN or infinite values of {}; the histogram counts the finite ones",
                        name, dropped, v.numel());
     v = v.masked_select(finite);
+  }
+  if (v.numel() == 0) {
+    get_logger()->warn("log_histogram: '{}' has no finite values; no histogram is logged", name);
+    return;
   }
   if (v.numel() > kMaxHistogramValues) {
     const int64_t stride = (v.numel() + kMaxHistogramValues - 1) / kMaxHistogramValues;

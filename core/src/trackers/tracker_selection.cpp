@@ -80,6 +80,9 @@ std::vector<std::pair<PluginSelection, std::string>> choose_trackers(const Confi
     if (options.contains(name) && name != plugin && options.contains(plugin))
       throw ConfigError("config error: tracker_options has options for '" + name + "' and for its plugin name '" +
                         plugin + "'; keep one");
+    if (name != plugin && kwargs.contains(name) && kwargs.contains(plugin))
+      throw UsageError("init_trackers: init_kwargs has options for '" + name + "' and for its plugin name '" + plugin +
+                       "'; keep one");
     nlohmann::json mine = options.contains(name) ? options[name] : options.contains(plugin) ? options[plugin] : nlohmann::json::object();
     for (const auto& key : {name, plugin}) {
       if (!kwargs.contains(key)) continue;

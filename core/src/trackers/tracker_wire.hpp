@@ -84,6 +84,7 @@ class Reader {
   int32_t i32() { return take<int32_t>(); }
   int64_t i64() { return take<int64_t>(); }
   double f64() { return take<double>(); }
+  size_t remaining() const { return body_.size() - pos_; }
   std::string str() {
     const auto n = take<uint32_t>();
     need(n);

@@ -92,10 +92,6 @@ void Engine::log(const std::vector<std::pair<std::string, double>>& values, int6
   for_each_tracker(impl_->trackers, "log", [&](RunningTracker& t) { t.log_scalars(values, step); });
 }
 
-void Engine::log_text(const std::string& name, const std::string& text, int64_t step) {
-  for_each_tracker(impl_->trackers, "log_text", [&](RunningTracker& t) { t.log_text(name, text, step); });
-}
-
 void Engine::end_training() {
   auto trackers = std::move(impl_->trackers);
   impl_->trackers.clear();

@@ -27,7 +27,8 @@ const std::vector<double>& default_edges() {
 void fill_histogram(const double* values, uint64_t n, hasten::tb::HistogramProto& out) {
   const auto& edges = default_edges();
   // Bucket i holds [edges[i], edges[i + 1]), the last one closed, as numpy.histogram counts;
-  // values beyond the outer edges go to the outer buckets.
+  // values beyond the outer edges (about +-9.9e19) are in min, max, num and sum but in no
+  // bucket, as there.
   std::vector<double> counts(edges.size() - 1, 0.0);
   double lo = 0, hi = 0, sum = 0, squares = 0;
   for (uint64_t i = 0; i < n; ++i) {
@@ -36,8 +37,9 @@ void fill_histogram(const double* values, uint64_t n, hasten::tb::HistogramProto
     if (i == 0 || v > hi) hi = v;
     sum += v;
     squares += v * v;
+    if (v < edges.front() || v > edges.back()) continue;
     auto b = static_cast<int64_t>(std::upper_bound(edges.begin(), edges.end(), v) - edges.begin()) - 1;
-    b = std::clamp<int64_t>(b, 0, static_cast<int64_t>(counts.size()) - 1);
+    b = std::min<int64_t>(b, static_cast<int64_t>(counts.size()) - 1);  // the last edge: the last bucket
     counts[static_cast<size_t>(b)] += 1;
   }
   out.set_min(lo);
@@ -45,7 +47,7 @@ void fill_histogram(const double* values, uint64_t n, hasten::tb::HistogramProto
   out.set_num(static_cast<double>(n));
   out.set_sum(sum);
   out.set_sum_squares(squares);
-  if (n == 0) return;
+  if (std::all_of(counts.begin(), counts.end(), [](double c) { return c == 0; })) return;  // nothing in range
   // The span of non-empty buckets and the empty one left of it, each written as its upper
   // limit, so that the leftmost limit is there too: SummaryWriter's make_histogram (a first
   // bucket that holds values gets an empty one of limit -1e20 before it).

@@ -627,19 +627,21 @@ typedef struct hasten_tracker_vtable {
   hasten_status (*flush)(hasten_instance* self);
   /* Optional. The run ended; status is HASTEN_OK or the failure that ended it. */
   hasten_status (*finish)(hasten_instance* self, hasten_status status);
-  /* 1.9. Optional. An image (Accelerator::log_images): pixels, borrowed for the call, are
-   * height * width * channels bytes, row after row, each pixel's channels together (HWC);
+  /* 1.9. Optional. An image (Accelerator::log_images): name and pixels, borrowed for the call;
+   * pixels are height * width * channels bytes (at most 64 MiB), row after row, each pixel's
+   * channels together (HWC);
    * channels 1 (grey), 3 (RGB) or 4 (RGBA). NULL: the tracker keeps no images. */
   hasten_status (*log_image)(hasten_instance* self, const char* name, const uint8_t* pixels, uint32_t height,
                              uint32_t width, uint32_t channels, int64_t step);
-  /* 1.9. Optional. The values of a histogram (Accelerator::log_histogram), n doubles,
-   * borrowed for the call, finite ones only; the tracker buckets them its own way. NULL: the
-   * tracker keeps no histograms. */
+  /* 1.9. Optional. The values of a histogram (Accelerator::log_histogram): name and n >= 1
+   * doubles, borrowed for the call, finite ones only; the tracker buckets them its own way.
+   * NULL: the tracker keeps no histograms. */
   hasten_status (*log_histogram)(hasten_instance* self, const char* name, const double* values, uint64_t n,
                                  int64_t step);
-  /* 1.9. Optional. A table (Accelerator::log_table), borrowed for the call: the text of one
-   * JSON object {"columns": [names], "data": [[cell, ...], ...]} whose cells are strings,
-   * numbers or null. NULL: the tracker keeps no tables. */
+  /* 1.9. Optional. A table (Accelerator::log_table): name and table_json, borrowed for the
+   * call, the text of one JSON object {"columns": [names], "data": [[cell, ...], ...]} whose
+   * cells are strings or finite numbers (others come as "nan", "inf", "-inf"). NULL: the
+   * tracker keeps no tables. */
   hasten_status (*log_table)(hasten_instance* self, const char* name, const char* table_json, int64_t step);
 } hasten_tracker_vtable;
 
