@@ -60,15 +60,15 @@ EOF
 probe() { cmake -S "$probe" -B "$work/probe_build_$1" -DCMAKE_PREFIX_PATH="$prefix" -DPROBE_COMPONENTS="$2" "${@:3}" 2>&1; }
 out=$(probe sdk sdk "${no_torch[@]}") || { echo "$out"; exit 1; }
 for want in "has hasten::sdk" "has hasten::sdk_torch" "has hasten_add_plugin"; do
-  echo "$out" | grep -q "probe: $want" || { echo "COMPONENTS sdk: no '$want':"; echo "$out"; exit 1; }
+  grep -q "probe: $want" <<<"$out" || { echo "COMPONENTS sdk: no '$want':"; echo "$out"; exit 1; }
 done
-if echo "$out" | grep -q "probe: has hasten::hasten"; then echo "COMPONENTS sdk loaded hasten::hasten"; exit 1; fi
+if grep -q "probe: has hasten::hasten" <<<"$out"; then echo "COMPONENTS sdk loaded hasten::hasten"; exit 1; fi
 out=$(probe default "") || { echo "$out"; exit 1; }
-echo "$out" | grep -q "probe: has hasten::hasten" || { echo "no components: no hasten::hasten:"; echo "$out"; exit 1; }
+grep -q "probe: has hasten::hasten" <<<"$out" || { echo "no components: no hasten::hasten:"; echo "$out"; exit 1; }
 # core needs LibTorch: made unfindable, the package is not found (instead of a broken target).
 if out=$(probe core core "${no_torch[@]}"); then echo "COMPONENTS core was found without LibTorch"; exit 1; fi
 if out=$(probe nope "sdk;nope"); then echo "an unknown component was accepted"; exit 1; fi
-echo "$out" | grep -q "hasten has no component 'nope' (it has: sdk, core)" || { echo "$out"; exit 1; }
+grep -q "hasten has no component 'nope' (it has: sdk, core)" <<<"$out" || { echo "$out"; exit 1; }
 echo "package components: OK"
 
 # 3. The host accepts both and prints their described options.
@@ -76,9 +76,9 @@ export HASTEN_HOME=$work/home
 "$prefix/bin/hasten" plugins inspect "$tracker"
 "$prefix/bin/hasten" plugins inspect "$comm"
 described=$(HASTEN_PLUGIN_PATH=$work/build "$prefix/bin/hasten" plugins describe c_lines)
-echo "$described" | grep -q "digits" || { echo "describe c_lines does not show its options:"; echo "$described"; exit 1; }
+grep -q "digits" <<<"$described" || { echo "describe c_lines does not show its options:"; echo "$described"; exit 1; }
 described=$(HASTEN_PLUGIN_PATH=$work/build "$prefix/bin/hasten" plugins describe c_shm)
-echo "$described" | grep -q "buffer_mb" || { echo "describe c_shm does not show its options:"; echo "$described"; exit 1; }
+grep -q "buffer_mb" <<<"$described" || { echo "describe c_shm does not show its options:"; echo "$described"; exit 1; }
 
 # 4. The tracker in a training: one "<step> loss <value>" line per logged loss, in the file its
 # option names, with the digits asked for; append keeps the first run's lines.
@@ -109,14 +109,14 @@ test "$(grep -c ' loss ' "$lines")" = 6 || { echo "append: expected 6 loss lines
 if out=$(train --steps 1 --config_file "$work/tracker.yaml" --set "tracker_options={c_lines: {digits: 40}}" 2>&1); then
   echo "digits 40 was accepted"; exit 1
 fi
-echo "$out" | grep -q "c_lines options: digits: 40 is out of range (allowed: 1 to 17)" \
+grep -q "c_lines options: digits: 40 is out of range (allowed: 1 to 17)" <<<"$out" \
   || { echo "the refusal does not name digits: $out"; exit 1; }
 # A failure of the plugin's own reaches the user with its message, once, and training goes on
 # (a failing tracker is dropped, docs/trackers.md).
 if ! out=$(train --steps 3 --config_file "$work/tracker.yaml" --set "tracker_options={c_lines: {path: $work/no/such/dir/x}}" 2>&1); then
   echo "an unwritable tracker path ended the training: $out"; exit 1
 fi
-echo "$out" | grep -q "start failed (system error): c_lines: cannot open $work/no/such/dir/x: No such file or directory" \
+grep -q "start failed (system error): c_lines: cannot open $work/no/such/dir/x: No such file or directory" <<<"$out" \
   || { echo "the failure to open is not reported: $out"; exit 1; }
 test "$(echo "$out" | grep -c "c_lines: cannot open")" = 1 || { echo "the failure is not reported once: $out"; exit 1; }
 echo "c_lines tracker: OK"

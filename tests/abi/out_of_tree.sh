@@ -23,14 +23,14 @@ strategy=$work/build/libhasten-strategy-oot_cpp.so
 "$prefix/bin/hasten" plugins inspect "$tracker"
 "$prefix/bin/hasten" plugins inspect "$strategy"
 # The installed plugin directory is found from the installed library.
-"$prefix/bin/hasten" plugins | grep -q "$prefix/lib/hasten/plugins/libhasten-tracker-csv.so"
+grep -q "$prefix/lib/hasten/plugins/libhasten-tracker-csv.so" <<<"$("$prefix/bin/hasten" plugins)"
 export HASTEN_HOME=$work/home
 # The strategy owns the config section oot_config and answers to distributed_type
 # OOT_COUNTING: a config file selects and sets it without a word about it in the core.
 strategy_dir=$work/strategy_plugins
 mkdir -p "$strategy_dir" && cp "$strategy" "$strategy_dir/"
 export HASTEN_PLUGIN_PATH=$strategy_dir
-"$prefix/bin/hasten" plugins describe oot_cpp | grep -q "selected by distributed_type: OOT_COUNTING"
+grep -q "selected by distributed_type: OOT_COUNTING" <<<"$("$prefix/bin/hasten" plugins describe oot_cpp)"
 printf 'distributed_type: OOT_COUNTING\noot_config:\n  count_file: %s\n' "$work/steps.txt" > "$work/oot.yaml"
 "$prefix/bin/hasten-example" --workload mlp-small --steps 6 --warmup 0 --log-every 1 \
   --config_file "$work/oot.yaml" --trackers "$tracker" --set "logging_dir=$work/logs"
@@ -38,7 +38,7 @@ test "$(cat "$work/steps.txt")" = "6" || { echo "strategy counted $(cat "$work/s
 # A misspelt key of its section is named, with the plugin's own key as the near match.
 if out=$("$prefix/bin/hasten-example" --workload mlp-small --steps 1 --set distributed_type=OOT_COUNTING \
            --set oot_config.count_fille=x 2>&1); then echo "a misspelt oot_config key was accepted"; exit 1; fi
-echo "$out" | grep -q "did you mean 'oot_config.count_file'" || { echo "no near match: $out"; exit 1; }
+grep -q "did you mean 'oot_config.count_file'" <<<"$out" || { echo "no near match: $out"; exit 1; }
 unset HASTEN_PLUGIN_PATH
 lines=$(grep -c " loss=" "$work/logs/hasten-example/oot_tracker.log")
 test "$lines" = "6" || { echo "tracker logged $lines losses, expected 6"; exit 1; }
