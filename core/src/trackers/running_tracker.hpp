@@ -5,6 +5,7 @@
 #pragma once
 
 #include <hasten/error.hpp>
+#include <hasten/logging.hpp>
 #include <hasten/plugin.h>
 #include <hasten/process.hpp>
 #include <hasten/registry.hpp>
@@ -45,6 +46,21 @@ class TrackerDied : public PluginError {
  public:
   using PluginError::PluginError;
 };
+
+// Runs op on every tracker; one that fails is reported once (its message names the plugin,
+// its file and the path it could not write) and leaves the run.
+template <class Op>
+void for_each_tracker(std::vector<std::unique_ptr<RunningTracker>>& trackers, const char* what, Op&& op) {
+  for (auto it = trackers.begin(); it != trackers.end();) {
+    try {
+      op(**it);
+      ++it;
+    } catch (const PluginError& e) {
+      get_logger()->warn("tracker '{}' stopped at {}, training goes on without it: {}", (*it)->name(), what, e.what());
+      it = trackers.erase(it);
+    }
+  }
+}
 
 // Creates the tracker in this process; a failing create() throws PluginError.
 std::unique_ptr<RunningTracker> make_in_process_tracker(const PluginSelection& selection, const hasten_host_api* host,

@@ -69,21 +69,11 @@ using Skips = std::set<std::pair<std::string, int32_t>>;
 // not; drops one that fails, as every tracker call does (trackers.cpp).
 template <class Op>
 void to_trackers_that_keep(Trackers& trackers, Skips& skips, int32_t bit, const char* kind, const char* call, Op&& op) {
-  for (auto it = trackers.begin(); it != trackers.end();) {
-    if (((*it)->keeps() & bit) == 0) {
-      if (skips.insert({(*it)->name(), bit}).second)
-        get_logger()->warn("tracker '{}' keeps no {}: {} skips it (said once)", (*it)->name(), kind, call);
-      ++it;
-      continue;
-    }
-    try {
-      op(**it);
-      ++it;
-    } catch (const PluginError& e) {
-      get_logger()->warn("tracker '{}' stopped at {}, training goes on without it: {}", (*it)->name(), call, e.what());
-      it = trackers.erase(it);
-    }
-  }
+  for_each_tracker(trackers, call, [&](RunningTracker& t) {
+    if ((t.keeps() & bit) != 0) return op(t);
+    if (skips.insert({t.name(), bit}).second)
+      get_logger()->warn("tracker '{}' keeps no {}: {} skips it (said once)", t.name(), kind, call);
+  });
 }
 
 }  // namespace

@@ -23,25 +23,6 @@ namespace fs = std::filesystem;
 
 namespace hasten::detail {
 
-namespace {
-
-// Runs op on every tracker; one that fails is reported once (its message names the plugin,
-// its file and the path it could not write) and leaves the run.
-template <class Op>
-void for_each_tracker(std::vector<std::unique_ptr<RunningTracker>>& trackers, const char* what, Op&& op) {
-  for (auto it = trackers.begin(); it != trackers.end();) {
-    try {
-      op(**it);
-      ++it;
-    } catch (const PluginError& e) {
-      get_logger()->warn("tracker '{}' stopped at {}, training goes on without it: {}", (*it)->name(), what, e.what());
-      it = trackers.erase(it);
-    }
-  }
-}
-
-}  // namespace
-
 void Engine::init_trackers(const std::string& project, const std::string& hparams_json, const TrackerKwargs& init_kwargs) {
   Impl& s = *impl_;
   if (!s.process.is_main_process()) return;  // trackers live on the main process
