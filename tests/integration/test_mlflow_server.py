@@ -6,11 +6,16 @@
    on, one warning names the journal, and afterwards every step is on the server exactly once;
 3. no server when the run starts, one started later: nothing lost;
 4. no server at all: the run ends within flush_timeout with exit 0, a warning names the
-   journal, and the journal holds every metric;
+   journal, and the journal holds every metric; the next run from that directory, with the
+   server up, sends that journal (the earlier run complete and FINISHED on the server, once)
+   and removes it;
 5. MLFLOW_TRACKING_URI naming the server, NaN and inf values, and a run that ends by an error:
    FAILED on the server;
 6. the file store of an offline run, read by MLflow's client;
-7. bad tracking_uri and flush_timeout values: one line each."""
+7. bad tracking_uri and flush_timeout values: one line each;
+8. images, tables and text as the run's artifacts, downloaded by MLflow's client (the pixels,
+   mlflow.load_table's table, the text): through the server's artifact proxy (mlflow server
+   --artifacts-destination), into a server's local artifact root, and in the file store."""
 import json
 import math
 import os
@@ -50,6 +55,81 @@ print(json.dumps(out))
 """
 
 
+MEDIA_READER = r"""
+import json, os, sys
+import mlflow
+import numpy as np
+from PIL import Image
+from mlflow.tracking import MlflowClient
+uri, experiment, dst = sys.argv[1:4]
+mlflow.set_tracking_uri(uri)
+c = MlflowClient(uri)
+e = c.get_experiment_by_name(experiment)
+r = c.search_runs([e.experiment_id], order_by=["attributes.start_time DESC"], max_results=1)[0]
+local = c.download_artifacts(r.info.run_id, "", dst)
+files = {}
+for root, _, names in os.walk(local):
+    for n in names:
+        p = os.path.join(root, n)
+        rel = os.path.relpath(p, local)
+        if n.endswith(".png"):
+            a = np.asarray(Image.open(p))
+            files[rel] = {"shape": list(a.shape), "pixels": a.reshape(-1).tolist()}
+        else:
+            files[rel] = open(p).read()
+table = c.load_table(e.experiment_id, "tables/samples/step_2.json", run_ids=[r.info.run_id])
+print(json.dumps({"status": r.info.status, "artifact_uri": r.info.artifact_uri, "files": files,
+                  "table": {"columns": list(table.columns), "data": table.values.tolist()}}))
+"""
+
+
+def expected_media():
+    """The artifacts of tracker_run.cpp --media: {path: pixels (HWC uint8) or text}."""
+    import torch
+    rgb = torch.arange(3 * 6 * 8, dtype=torch.float32).reshape(3, 6, 8) / 143.0
+    rgb = (rgb * 255).clamp(0, 255).to(torch.uint8).permute(1, 2, 0)  # SummaryWriter's rule
+    grey = (torch.arange(6).reshape(6, 1) * 30 + torch.arange(8).reshape(1, 8)).to(torch.uint8)
+    rgba = ((torch.arange(5).reshape(5, 1, 1) * 12 + torch.arange(6).reshape(1, 6, 1) * 4 +
+             torch.arange(4).reshape(1, 1, 4)) * 3).to(torch.uint8)
+    want = {}
+    for step in (1, 2):
+        for name, img in (("rgb", rgb), ("grey", grey), ("rgba", rgba)):
+            want[f"images/{name}/step_{step}.png"] = {"shape": list(img.shape), "pixels": img.reshape(-1).tolist()}
+        want[f"text/notes/step_{step}.txt"] = f"step {step}"
+        want[f"tables/samples/step_{step}.json"] = None  # read by mlflow.load_table
+    return want
+
+
+def check_media(uri, what, env=None, experiment="trk"):
+    """Runs the media worker against uri (a server or a file store) and reads its artifacts back."""
+    with tempfile.TemporaryDirectory() as dst:
+        logs = os.path.join(dst, "logs")
+        run_env = {"HASTEN_LOG_WITH": "mlflow", "HASTEN_LOGGING_DIR": logs, **(env or {})}
+        p = h.run([WORKER, "--media"], env=run_env)
+        if p.returncode != 0:
+            h.fail(f"{what}: the media worker exited {p.returncode}:\n{p.stderr[-3000:]}")
+        line = "tracker 'mlflow' keeps no histograms: log_histogram skips it (said once)"
+        if p.stderr.count(line) != 1:
+            h.fail(f"{what}: {p.stderr.count(line)} lines {line!r} (want 1):\n{p.stderr[-3000:]}")
+        if "artifacts not stored" in p.stderr:
+            h.fail(f"{what}: artifacts were not stored:\n{p.stderr[-3000:]}")
+        reader_env = dict(os.environ, MLFLOW_ALLOW_FILE_STORE="true")
+        out = subprocess.run([MLFLOW_PY, "-c", MEDIA_READER, uri, experiment, os.path.join(dst, "down")],
+                             capture_output=True, text=True, timeout=120, env=reader_env)
+        if out.returncode != 0:
+            h.fail(f"{what}: MLflow's client could not read the artifacts:\n{out.stderr[-2000:]}")
+        got = json.loads(out.stdout)
+    want = expected_media()
+    if got["status"] != "FINISHED" or sorted(got["files"]) != sorted(want):
+        h.fail(f"{what}: status {got['status']}, artifacts {sorted(got['files'])} (want {sorted(want)})")
+    for path, value in want.items():
+        if value is not None and got["files"][path] != value:
+            h.fail(f"{what}: artifact {path} is {str(got['files'][path])[:300]} (want {str(value)[:300]})")
+    if got["table"] != {"columns": ["id", "text", "score"], "data": [[1, "a|b", 0.5], [2, "c", -1]]}:
+        h.fail(f"{what}: mlflow.load_table read {got['table']}")
+    return got["artifact_uri"]
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -61,11 +141,16 @@ class Server:
         self.root, self.port, self.proc = root, port, None
         self.uri = f"http://127.0.0.1:{port}"
 
-    def start(self):
+    def start(self, artifacts="proxy"):
+        """artifacts "proxy": the server stores them (--artifacts-destination, its artifact
+        proxy, what a team's server does); "local": clients write them to a directory
+        (--no-serve-artifacts --default-artifact-root), applied to experiments made then."""
         log = open(os.path.join(self.root, "server.log"), "a")
+        where = ["--artifacts-destination", f"{self.root}/artifacts"] if artifacts == "proxy" else \
+            ["--no-serve-artifacts", "--default-artifact-root", f"{self.root}/local-artifacts"]
         self.proc = subprocess.Popen(
-            [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{self.root}/mlflow.db", "--default-artifact-root",
-             f"{self.root}/artifacts", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+            [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{self.root}/mlflow.db", *where,
+             "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -159,6 +244,12 @@ with tempfile.TemporaryDirectory() as d:
     try:
         # 1. A run against a server that stays up.
         server.start()
+        # 8a. Artifacts through the server's artifact proxy: on the server's disk, not written here.
+        uri = check_media(server.uri, "artifacts through the proxy",
+                          {"MLFLOW_TRACKING_URI": server.uri,
+                           "HASTEN_TRACKER_OPTIONS": "{mlflow: {experiment_name: trk-proxy}}"}, "trk-proxy")
+        if not uri.startswith("mlflow-artifacts:") or not os.path.isdir(os.path.join(d, "artifacts")):
+            h.fail(f"artifacts through the proxy: artifact_uri {uri}, server's store {os.listdir(d)}")
         project = os.path.join(d, "p1")
         p = train(project, "steady", 30, f"tracking_uri: '{server.uri}'")
         if p.returncode != 0:
@@ -230,9 +321,18 @@ with tempfile.TemporaryDirectory() as d:
             h.fail(f"the journal holds loss steps {loss_steps} and statuses "
                    f"{[x['status'] for x in lines if 'status' in x]}")
 
+        # 4b. The server is back: the next run from p4 sends the journal the last one left.
+        server.start()
+        p = train(project, "after", 3, f"tracking_uri: '{server.uri}'")
+        if p.returncode != 0 or "sending the records an earlier run left in " + found[0] not in p.stderr:
+            h.fail(f"the run after an outage did not send the journal {found[0]}: exit {p.returncode}\n{p.stderr[-3000:]}")
+        check_run(server.uri, "alone", 20, "a journal sent by the next run")
+        check_run(server.uri, "after", 3, "the run that sent an earlier journal")
+        if journals(project):
+            h.fail(f"journals stay after the next run sent them: {journals(project)}")
+
         # 5. MLFLOW_TRACKING_URI names the server; NaN and inf values; a run that ends by an
         # error (no end_training) is FAILED there, within the tracker host's limits.
-        server.start()
         logs = os.path.join(d, "p5")
         p = h.run([WORKER, "--fail"], env={"HASTEN_LOG_WITH": "mlflow", "HASTEN_LOGGING_DIR": logs,
                                            "MLFLOW_TRACKING_URI": server.uri})
@@ -247,6 +347,16 @@ with tempfile.TemporaryDirectory() as d:
         if sorted(loss) != [1, 2, 3, 4, 5] or not math.isnan(loss[3]) or acc[4] not in (math.inf, sys.float_info.max) \
                 or loss[2] != 0.5:
             h.fail(f"NaN and inf on the server: loss {loss}, acc {acc}")
+        server.kill()
+
+        # 8b. A server that leaves artifacts to its clients (a local root): the tracker writes
+        # them there. The root applies to experiments made from then on: a new one.
+        server.start(artifacts="local")
+        uri = check_media(server.uri, "artifacts in the server's local root",
+                          {"MLFLOW_TRACKING_URI": server.uri,
+                           "HASTEN_TRACKER_OPTIONS": "{mlflow: {experiment_name: trk-local}}"}, "trk-local")
+        if not uri.startswith(os.path.join(d, "local-artifacts")):
+            h.fail(f"artifacts in the server's local root: artifact_uri {uri}")
     finally:
         server.kill()
 
@@ -256,6 +366,9 @@ with tempfile.TemporaryDirectory() as d:
     if p.returncode != 0:
         h.fail(f"file-store run exited {p.returncode}:\n{p.stderr[-3000:]}")
     check_run("file://" + store, "offline", 12, "file store", env=dict(os.environ, MLFLOW_ALLOW_FILE_STORE="true"))
+    # 8c. Artifacts in the file store.
+    check_media("file://" + store, "artifacts in the file store",
+                {"HASTEN_TRACKER_OPTIONS": "{mlflow: {tracking_dir: '%s'}}" % store})
 
     # 7. Bad values.
     bad = train(os.path.join(d, "p6"), "bad", 2, "tracking_uri: 'ftp://127.0.0.1:1'")

@@ -8,7 +8,7 @@ checked against PyTorch's SummaryWriter writing the same values in this test:
 - hparams: the HParams plugin's session start (the run's hyperparameters) and end (success),
   with the run's scalars as its metrics;
 in a tracker host process (the default) and in the training process. A tracker that keeps no
-images (mlflow) is named once; a bad image is one line and a non-zero exit. init_trackers's
+images (csv) is named once; a bad image is one line and a non-zero exit. init_trackers's
 init_kwargs override tracker_options; a bad one is one line."""
 import io
 import os
@@ -119,7 +119,7 @@ with tempfile.TemporaryDirectory() as d:
     ref = reference(d)
     for mode, extra in (("tracker host process", {}), ("training process", {"HASTEN_TRACKERS_IN_PROCESS": "true"})):
         logs = os.path.join(d, mode.replace(" ", "-"))
-        env = {"HASTEN_LOG_WITH": "tensorboard,mlflow", "HASTEN_LOGGING_DIR": logs, **extra}
+        env = {"HASTEN_LOG_WITH": "tensorboard,csv", "HASTEN_LOGGING_DIR": logs, **extra}
         p = h.run([WORKER, "--media"], env=env)
         if p.returncode != 0:
             h.fail(f"{mode}: worker exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
@@ -127,7 +127,7 @@ with tempfile.TemporaryDirectory() as d:
         check_run(os.path.join(logs, "trk", "tensorboard", runs[0]), ref, mode)
         for kind, call in (("images", "log_images"), ("histograms", "log_histogram"), ("tables", "log_table"),
                            ("text", "log_text")):
-            line = f"tracker 'mlflow' keeps no {kind}: {call} skips it (said once)"
+            line = f"tracker 'csv' keeps no {kind}: {call} skips it (said once)"
             if p.stderr.count(line) != 1:
                 h.fail(f"{mode}: {p.stderr.count(line)} lines {line!r} (want 1):\n{p.stderr}")
         if p.stderr.count("holds 1 NaN or infinite values of 1002") != 2:

@@ -17,6 +17,10 @@
 //   table "samples": columns [id, text, score], rows [1, "a|b", 0.5], [2, "c", -1].
 // --bad-image logs a [5, 4, 6] image (neither CHW nor HWC).
 // --init-kwargs NAME=MAPPING passes init_kwargs {NAME: MAPPING} to init_trackers.
+// --get-tracker A,B,... instead prints, for each name, get_tracker's answer as lines
+//   "tracker <rank> <name> blank=<0|1>" and "info <name> <key>=<value>", logs loss = 0.5 at
+//   step 1 to every tracker and only = 1 at step 1 through the first name's handle, then prints "unknown: <message>" of get_tracker
+//   of a name that is not running.
 #include <hasten/hasten.hpp>
 
 #include <torch/torch.h>
@@ -27,6 +31,7 @@
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -48,10 +53,12 @@ int main(int argc, char** argv) {
     }
     kwargs[arg.substr(0, eq)] = arg.substr(eq + 1);
   }
+  const bool get_tracker = argc == 3 && std::string(argv[1]) == "--get-tracker";
   const long calls = timed ? std::strtol(argv[2], nullptr, 10) : 0;
-  if ((argc > 1 && !fail && !hold && !timed && !widen && !media && !bad_image && kwargs.empty()) || (timed && calls <= 0)) {
-    std::cerr << "hasten-test-trackers: error: the flags are --fail, --hold FILE, --widen, --media, --bad-image and "
-                 "--time N (N >= 1)"
+  if ((argc > 1 && !fail && !hold && !timed && !widen && !media && !bad_image && !get_tracker && kwargs.empty()) ||
+      (timed && calls <= 0)) {
+    std::cerr << "hasten-test-trackers: error: the flags are --fail, --hold FILE, --widen, --media, --bad-image, "
+                 "--get-tracker A,B and --time N (N >= 1)"
               << std::endl;
     return 2;
   }
@@ -68,6 +75,26 @@ int main(int argc, char** argv) {
       const auto t2 = std::chrono::steady_clock::now();
       std::cout << "logged " << calls << " calls in " << std::chrono::duration<double>(t1 - t0).count()
                 << " s, end_training " << std::chrono::duration<double>(t2 - t1).count() << " s" << std::endl;
+      return 0;
+    }
+    if (get_tracker) {
+      std::vector<std::string> names;
+      std::stringstream list(argv[2]);
+      for (std::string name; std::getline(list, name, ',');) names.push_back(name);
+      for (const auto& name : names) {
+        const hasten::TrackerHandle t = acc.get_tracker(name);
+        std::cout << "tracker " << acc.process_index() << " " << t.name() << " blank=" << t.blank() << "\n";
+        for (const auto& [key, value] : t.run_info()) std::cout << "info " << name << " " << key << "=" << value << "\n";
+      }
+      acc.log({{"loss", 0.5}}, 1);
+      acc.get_tracker(names.at(0)).log({{"only", 1.0}}, 1);
+      try {
+        acc.get_tracker("nope");
+      } catch (const hasten::UsageError& e) {
+        std::cout << "unknown: " << e.what() << "\n";
+      }
+      acc.end_training();
+      std::cout << "trackers: done" << std::endl;
       return 0;
     }
     if (media || bad_image) {

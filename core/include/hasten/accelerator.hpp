@@ -448,18 +448,7 @@ class Accelerator {
   // outlive the Accelerator's checkpoints. Register in the same order before save and load.
   template <class T>
   void register_for_checkpointing(T& object) {
-    detail::Engine::CheckpointObject o;
-    using State = std::decay_t<decltype(object.state_dict())>;
-    if constexpr (std::is_same_v<State, std::string>) {
-      o.save_bytes = [&object] { return object.state_dict(); };
-      o.load_bytes = [&object](const std::string& bytes) { object.load_state_dict(bytes); };
-    } else {
-      static_assert(std::is_same_v<State, NamedTensors>,
-                    "register_for_checkpointing: state_dict() must return std::string or hasten::NamedTensors");
-      o.save_tensors = [&object] { return object.state_dict(); };
-      o.load_tensors = [&object](const NamedTensors& tensors) { object.load_state_dict(tensors); };
-    }
-    engine_->register_for_checkpointing(std::move(o));
+    engine_->register_for_checkpointing(detail::Engine::checkpoint_object(object));
   }
 
   // Trackers (config key `trackers`), on the main process only.
@@ -468,6 +457,9 @@ class Accelerator {
     engine_->init_trackers(project, hparams, init_kwargs);
   }
   void log(const Metrics& values, int64_t step = -1) { engine_->log(values, step); }
+  // A running tracker by name: what names its run (mlflow's run_id, tensorboard's log_dir) and
+  // a log to it alone; a blank handle on other processes; UsageError for a name not running.
+  TrackerHandle get_tracker(const std::string& name) { return engine_->get_tracker(name, engine_); }
   // A text entry (a sample, a note) for the trackers that keep text; the others skip it.
   void log_text(const std::string& name, const std::string& text, int64_t step = -1) { engine_->log_text(name, text, step); }
   // Images for the trackers that keep them (the others: one line, once): [H, W], [C, H, W] or

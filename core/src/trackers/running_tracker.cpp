@@ -66,6 +66,7 @@ class InProcessTracker final : public RunningTracker {
   void log_table(const std::string& name, const std::string& table_json, int64_t step) override {
     t_.log_table(name, table_json, step);
   }
+  std::string run_info() override { return t_.run_info(); }
   void end(hasten_status status) override {
     t_.flush();
     t_.finish(status);
@@ -163,6 +164,11 @@ class IsolatedTracker final : public RunningTracker {
     post(m, "log_table");
   }
 
+  std::string run_info() override {
+    wire::Writer w(Msg::RunInfo);
+    return request(w, "run_info", Msg::Info).str();
+  }
+
   void end(hasten_status status) override {
     wire::Writer w(Msg::Finish);
     w.i32(static_cast<int32_t>(status));
@@ -206,9 +212,9 @@ class IsolatedTracker final : public RunningTracker {
     send(w, stage);
   }
 
-  void request(wire::Writer& w, const char* stage, Msg expected) {
+  wire::Reader request(wire::Writer& w, const char* stage, Msg expected) {
     send(w, stage);
-    reply(stage, expected);
+    return reply(stage, expected);
   }
 
   void send(wire::Writer& w, const char* stage) {

@@ -36,6 +36,8 @@ class RunningTracker {
                          uint32_t channels, int64_t step) = 0;
   virtual void log_histogram(const std::string& name, const std::vector<double>& values, int64_t step) = 0;
   virtual void log_table(const std::string& name, const std::string& table_json, int64_t step) = 0;
+  // What names the run in the tracker's terms (hasten_tracker_vtable.run_info): JSON text.
+  virtual std::string run_info() = 0;
   // Flushes and finishes with status (the run's outcome).
   virtual void end(hasten_status status) = 0;
 };

@@ -30,9 +30,11 @@ using wire::Msg;
 
 // The call in progress, for the crash handler: one prepared Crashed frame per call, so the
 // handler only write()s (async-signal-safe).
-enum Stage { kCreate, kStart, kLogScalars, kLogText, kLogImage, kLogHistogram, kLogTable, kFlush, kFinish, kDestroy, kStages };
-const char* const kStageNames[kStages] = {"create",        "start",     "log_scalars", "log_text", "log_image",
-                                          "log_histogram", "log_table", "flush",       "finish",   "destroy"};
+enum Stage {
+  kCreate, kStart, kLogScalars, kLogText, kLogImage, kLogHistogram, kLogTable, kRunInfo, kFlush, kFinish, kDestroy, kStages
+};
+const char* const kStageNames[kStages] = {"create",    "start",    "log_scalars", "log_text", "log_image", "log_histogram",
+                                          "log_table", "run_info", "flush",       "finish",   "destroy"};
 std::string g_crash_frames[kStages];
 volatile sig_atomic_t g_stage = kCreate;
 
@@ -180,6 +182,11 @@ int run() {
           const std::string table = in.str();
           at(kLogTable);
           tracker->log_table(key, table, step);
+          break;
+        }
+        case Msg::RunInfo: {
+          at(kRunInfo);
+          send(wire::Writer(Msg::Info).str(tracker->run_info()));
           break;
         }
         case Msg::Finish: {

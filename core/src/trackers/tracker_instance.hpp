@@ -84,6 +84,16 @@ class TrackerInstance : public PluginInstance {
     if (auto fn = vt().tracker.log_table)
       call("log_table", [&] { return fn(instance_, name.c_str(), table_json.c_str(), step); });
   }
+  // The tracker's run_info JSON text (ABI 1.10), "{}" when its plugin has no such slot.
+  std::string run_info() {
+    const auto& t = vt().tracker;
+    // A plugin of an older minor has no run_info field: its struct_size ends before it.
+    if (t.struct_size < offsetof(hasten_tracker_vtable, run_info) + sizeof(t.run_info) || t.run_info == nullptr)
+      return "{}";
+    const char* json = nullptr;
+    call("run_info", [&] { return t.run_info(instance_, &json); });
+    return json != nullptr ? json : "{}";
+  }
   void flush() {
     if (auto fn = vt().tracker.flush) call("flush", [&] { return fn(instance_); });
   }

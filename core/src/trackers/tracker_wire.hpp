@@ -39,6 +39,7 @@ enum class Msg : uint8_t {
   Image = 6,      // step, name, height, width, channels, pixels (a string of bytes)
   Histogram = 7,  // step, name, values (a string of doubles)
   Table = 8,      // step, name, table_json
+  RunInfo = 9,    // (none): reply Info
   // End of stream (the training process closed its end or died): destroy without finish,
   // which trackers record as a run that did not end well, and exit.
   // host -> training process
@@ -46,6 +47,7 @@ enum class Msg : uint8_t {
   Started = 11,   // start() succeeded
   Failed = 12,    // stage, message: the tracker returned an error (or threw); the host exits
   Finished = 13,  // finish() returned; destroy follows
+  Info = 15,      // run_info's JSON text
   Crashed = 14,   // stage: written by the host's signal handler before it dies of the signal
 };
 

@@ -73,6 +73,35 @@ void Engine::log(const std::vector<std::pair<std::string, double>>& values, int6
   for_each_tracker(impl_->trackers, "log", [&](RunningTracker& t) { t.log_scalars(values, step); });
 }
 
+TrackerHandle Engine::get_tracker(const std::string& name, std::weak_ptr<Engine> self) {
+  Impl& s = *impl_;
+  if (!s.process.is_main_process()) return TrackerHandle(name, {}, nullptr);  // Accelerate's blank tracker
+  auto it = std::find_if(s.trackers.begin(), s.trackers.end(), [&](auto& t) { return t->name() == name; });
+  if (it == s.trackers.end()) {
+    std::vector<std::string> names;
+    for (auto& t : s.trackers) names.push_back(t->name());
+    throw UsageError("get_tracker: no running tracker '" + name + "' (running: " +
+                     (names.empty() ? std::string("none; init_trackers starts the configured ones") : join(names, ", ")) +
+                     ")");
+  }
+  std::map<std::string, std::string> info;
+  try {
+    const auto j = nlohmann::json::parse((*it)->run_info(), nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) throw PluginError("its run_info is not the text of a JSON object");
+    for (auto kv = j.begin(); kv != j.end(); ++kv) info[kv.key()] = kv->is_string() ? kv->get<std::string>() : kv->dump();
+  } catch (const PluginError& e) {
+    // The tracker keeps logging; only what names its run is missing.
+    get_logger()->warn("get_tracker: tracker '{}' did not say what names its run: {}", name, e.what());
+  }
+  return TrackerHandle(name, std::move(info), [self = std::move(self), name](const Metrics& values, int64_t step) {
+    auto engine = self.lock();
+    if (engine == nullptr) return;
+    for_each_tracker(engine->impl_->trackers, "log", [&](RunningTracker& t) {
+      if (t.name() == name) t.log_scalars(values, step);
+    });
+  });
+}
+
 void Engine::end_training() {
   auto trackers = std::move(impl_->trackers);
   impl_->trackers.clear();

@@ -28,6 +28,7 @@ typedef struct {
 typedef struct {
   const hasten_host_api* host;
   char* path;
+  char* info; /* run_info's JSON, made on first ask */
   FILE* file;
   char** columns; /* sorted */
   size_t n_columns;
@@ -219,6 +220,7 @@ static void csv_destroy(hasten_instance* self) {
   free(t->columns);
   free(t->rows);
   free(t->path);
+  free(t->info);
   free(t);
 }
 
@@ -337,10 +339,34 @@ static hasten_status csv_finish(hasten_instance* self, hasten_status status) {
   return HASTEN_OK;
 }
 
+/* {"file": "<path>"}: the path escaped as a JSON string (quote, backslash, control bytes). */
+static hasten_status csv_run_info(hasten_instance* self, const char** json_out) {
+  csv_tracker* t = (csv_tracker*)self;
+  const char* p;
+  char* o;
+  *json_out = NULL;
+  if (!t->path) return HASTEN_OK;
+  if (!t->info) {
+    t->info = (char*)malloc(strlen(t->path) * 6 + 16);
+    if (!t->info) return fail(t->host, HASTEN_ERR_SYSTEM, "out of memory", NULL);
+    o = t->info + sprintf(t->info, "{\"file\":\"");
+    for (p = t->path; *p; ++p) {
+      const unsigned char c = (unsigned char)*p;
+      if (c == '"' || c == '\\') { *o++ = '\\'; *o++ = (char)c; }
+      else if (c < 0x20) o += sprintf(o, "\\u%04x", c);
+      else *o++ = (char)c;
+    }
+    strcpy(o, "\"}");
+  }
+  *json_out = t->info;
+  return HASTEN_OK;
+}
+
 static const hasten_tracker_vtable csv_vtable = {
     sizeof(hasten_tracker_vtable), HASTEN_ABI_VERSION,
     csv_create, csv_destroy, csv_start, csv_log_scalars, NULL, csv_flush, csv_finish,
-    NULL, NULL, NULL};  /* 1.9: no images, histograms or tables */
+    NULL, NULL, NULL,  /* 1.9: no images, histograms or tables */
+    csv_run_info};
 
 static const hasten_plugin_descriptor csv_descriptor = {
     sizeof(hasten_plugin_descriptor), HASTEN_ABI_VERSION, HASTEN_KIND_TRACKER, "csv", "1.0",

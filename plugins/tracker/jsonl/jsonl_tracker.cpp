@@ -43,6 +43,8 @@ class JsonlTracker final : public hasten::sdk::Tracker {
     write({{"type", "hparams"}, {"time", now()}, {"project", run.project}, {"hparams", hparams}});
   }
 
+  std::string run_info() override { return ordered_json{{"file", path_}}.dump(); }
+
   void log_scalars(const hasten_scalar* values, uint32_t n, int64_t step) override {
     // Written member by member: nlohmann-json would turn a non-finite value into null.
     ordered_json head = {{"type", "metrics"}};

@@ -215,6 +215,14 @@ void FileStore::write_value(const fs::path& file, const std::string& value) {
   if (!out) fail("write", file, std::strerror(errno));
 }
 
+void FileStore::write_artifact(const fs::path& file, const std::string& bytes) {
+  make_dirs(file.parent_path());
+  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.flush();
+  if (!out) fail("write", file, std::strerror(errno));
+}
+
 void FileStore::append_metric(const fs::path& file, int64_t timestamp_ms, double value, int64_t step) {
   make_dirs(file.parent_path());
   std::ofstream out(file, std::ios::app);

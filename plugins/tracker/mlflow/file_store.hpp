@@ -45,6 +45,8 @@ class FileStore {
 
   // Whole-value files (params/<key>, tags/<key>): written once, without a trailing newline.
   static void write_value(const std::filesystem::path& file, const std::string& value);
+  // An artifact's file (artifacts/<path>), its directories made; replaced when it exists.
+  static void write_artifact(const std::filesystem::path& file, const std::string& bytes);
   // Appends one "timestamp value step" line to metrics/<key>.
   static void append_metric(const std::filesystem::path& file, int64_t timestamp_ms, double value, int64_t step);
 

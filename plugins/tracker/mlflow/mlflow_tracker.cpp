@@ -4,12 +4,15 @@
 // params, scalars as metrics, mlflow.runName/user/source tags, and at the end the run's status
 // and end_time: FINISHED after end_training, FAILED when the run ended without it (the engine
 // destroys its trackers without finish() only when training did not reach end_training).
+// Images (PNG), tables (mlflow.log_table's JSON) and text are the run's artifacts, at the
+// paths of artifacts.hpp; MLflow has no histograms, so the tracker has no log_histogram.
 // C tier: no LibTorch.
 #include <hasten/plugin.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -17,7 +20,9 @@
 #include <string>
 #include <unistd.h>
 
+#include "artifacts.hpp"
 #include "file_store.hpp"
+#include "png/png_encode.hpp"
 #include "rest_client.hpp"
 #include "rest_run.hpp"
 
@@ -59,6 +64,12 @@ std::string param_text(const nlohmann::json& v) {
 // answer to finish must come within 60 s and its exit within 30 s (running_tracker.cpp), or it
 // is stopped as hung, with the warning that names the journal unsaid.
 constexpr double kMaxFlushTimeoutS = 45, kUnfinishedWaitS = 10;
+// How long get_tracker waits for a tracking server to make the run (its run_id).
+constexpr double kRunInfoWaitS = 5;
+// The tag through which mlflow.load_table finds tables, and MLflow's limit on a tag's value
+// (characters; the bytes counted here are never fewer).
+constexpr const char* kLoggedArtifacts = "mlflow.loggedArtifacts";
+constexpr std::size_t kMaxTagValue = 8000;
 
 class MlflowTracker final : public hasten::sdk::Tracker {
  public:
@@ -81,7 +92,13 @@ class MlflowTracker final : public hasten::sdk::Tracker {
     if (server_ != nullptr) {
       // The run ended without end_training: a shorter wait, inside the tracker host's own
       // limit for a process whose training program has gone (running_tracker.cpp).
-      if (!ended_) server_->finish(false, std::min(flush_timeout_s_, kUnfinishedWaitS));
+      if (!ended_) {
+        const double wait = std::min(flush_timeout_s_, kUnfinishedWaitS);
+        const auto deadline = std::chrono::steady_clock::now() +
+                              std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(wait));
+        server_->finish(false, wait);
+        finish_replays(deadline);
+      }
       return;
     }
     if (store_ == nullptr || ended_) return;
@@ -135,14 +152,21 @@ class MlflowTracker final : public hasten::sdk::Tracker {
       mf::RestRun::Settings settings;
       settings.uri = server;
       settings.journal = fs::path(run.logging_dir) / "mlflow-journal" / (mf::new_run_id() + ".jsonl");
+      server_journal_ = settings.journal;
       settings.flush_timeout_s = flush_timeout_s_;
       const hasten_host_api* host = this->host();
       settings.warn = [host](const std::string& m) { hasten::sdk::log(host, HASTEN_LOG_WARN, "mlflow", m); };
       settings.info = [host](const std::string& m) { hasten::sdk::log(host, HASTEN_LOG_INFO, "mlflow", m); };
+      const fs::path journals = settings.journal.parent_path();
+      mf::RestRun::Settings replay_settings = settings;
       server_ = std::make_unique<mf::RestRun>(std::move(settings),
                                               mf::RestRun::Identity{experiment, name, user, mf::now_ms(), tags, params});
+      replay_journals(journals, std::move(replay_settings));
       return;
     }
+    store_root_ = fs::absolute(root);
+    experiment_ = experiment;
+    run_name_used_ = name;
     store_ = std::make_unique<mf::FileStore>(root);
     run_dir_ = store_->create_run(store_->experiment(experiment), mf::new_run_id(), name, user, mf::now_ms());
     for (const auto& [key, value] : tags) mf::FileStore::write_value(run_dir_ / "tags" / key, value);
@@ -166,11 +190,45 @@ class MlflowTracker final : public hasten::sdk::Tracker {
                                    step < 0 ? 0 : step);
   }
 
+  void log_text(const char* name, const char* text, int64_t step) override {
+    artifact(mf::artifact_path("text", name, step, "txt"), text);
+  }
+
+  void log_image(const char* name, const uint8_t* pixels, uint32_t height, uint32_t width, uint32_t channels,
+                 int64_t step) override {
+    artifact(mf::artifact_path("images", name, step, "png"),
+             hasten::tracker_png::encode_png(pixels, height, width, channels, "mlflow"));
+  }
+
+  void log_table(const char* name, const char* table_json, int64_t step) override {
+    // The host's table is {"columns": [...], "data": [[...], ...]}: mlflow.log_table's file.
+    const std::string path = mf::artifact_path("tables", name, step, "json");
+    artifact(path, table_json);
+    list_table(path);
+  }
+
+  // The server's run_id, experiment_id and artifact_uri (once the server has made the run:
+  // up to 5 s for that here), or the file store's; the tracking URI and the run's name.
+  std::string run_info() override {
+    nlohmann::json j = nlohmann::json::object();
+    if (server_ != nullptr) {
+      for (auto& [key, value] : server_->run_info(kRunInfoWaitS)) j[key] = value;
+    } else if (store_ != nullptr) {
+      j = {{"tracking_uri", "file://" + store_root_.string()}, {"experiment_name", experiment_},
+           {"experiment_id", run_dir_.parent_path().filename().string()}, {"run_id", run_dir_.filename().string()},
+           {"run_name", run_name_used_}, {"artifact_uri", "file://" + (run_dir_ / "artifacts").string()}};
+    }
+    return j.dump();
+  }
+
   void finish(hasten_status status) override {
     if (ended_) return;
     if (server_ != nullptr) {
       ended_ = true;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                                 std::chrono::duration<double>(flush_timeout_s_));
       server_->finish(status == HASTEN_OK, flush_timeout_s_);
+      finish_replays(deadline);
       return;
     }
     if (store_ == nullptr) return;
@@ -179,11 +237,77 @@ class MlflowTracker final : public hasten::sdk::Tracker {
   }
 
  private:
+  // The replays share the run's end: whatever time its own records left them.
+  void finish_replays(std::chrono::steady_clock::time_point deadline) {
+    for (auto& r : replays_)
+      r->finish(false, std::max(0.0, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count()));
+    replays_.clear();
+  }
+
+  // Journals that earlier runs against this server left in this logging directory (their
+  // server was away at their end, or their process died) are sent again beside this run.
+  void replay_journals(const fs::path& dir, mf::RestRun::Settings settings) {
+    std::error_code ec;
+    std::vector<fs::path> found;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().extension() == ".jsonl" && it->path() != server_journal_) found.push_back(it->path());
+    std::sort(found.begin(), found.end());
+    for (const auto& path : found) {
+      settings.journal = path;
+      if (auto run = mf::RestRun::replay(settings)) {
+        hasten::sdk::log(host(), HASTEN_LOG_INFO, "mlflow",
+                         "sending the records an earlier run left in " + path.string() + " to " +
+                             without_credentials(settings.uri));
+        replays_.push_back(std::move(run));
+      }
+    }
+  }
+
+  // mlflow.load_table finds a run's tables through its mlflow.loggedArtifacts tag, a JSON list
+  // of {"path", "type": "table"} that mlflow.log_table keeps; hasten keeps it the same way, up
+  // to MLflow's limit on a tag's value (a table past it is an artifact that load_table misses).
+  void list_table(const std::string& path) {
+    nlohmann::json entry = {{"path", path}, {"type", "table"}};
+    for (const auto& e : logged_tables_)
+      if (e == entry) return;
+    nlohmann::json grown = logged_tables_;
+    grown.push_back(std::move(entry));
+    std::string value = grown.dump();
+    if (value.size() > kMaxTagValue) {
+      if (!tables_full_)
+        hasten::sdk::log(host(), HASTEN_LOG_WARN, "mlflow",
+                         "table '" + path + "' and later ones are artifacts that mlflow.load_table will not find: the run's " +
+                             std::string(kLoggedArtifacts) + " tag is at MLflow's limit of " +
+                             std::to_string(kMaxTagValue) + " characters");
+      tables_full_ = true;
+      return;
+    }
+    logged_tables_ = std::move(grown);
+    if (server_ != nullptr)
+      server_->log_tag(kLoggedArtifacts, value);
+    else if (store_ != nullptr)
+      mf::FileStore::write_value(run_dir_ / "tags" / kLoggedArtifacts, value);
+  }
+
+  void artifact(const std::string& path, std::string bytes) {
+    if (server_ != nullptr) {
+      server_->log_artifact(path, std::move(bytes));  // queued: never waits for the server
+      return;
+    }
+    if (store_ == nullptr) throw Error(HASTEN_ERR_INVALID_USAGE, "mlflow tracker: log before start");
+    mf::FileStore::write_artifact(run_dir_ / "artifacts" / path, bytes);
+  }
+
   std::string tracking_dir_, tracking_uri_, experiment_name_, run_name_;
   double flush_timeout_s_ = 30;
   std::unique_ptr<mf::RestRun> server_;  // a tracking server
+  fs::path server_journal_;
+  std::vector<std::unique_ptr<mf::RestRun>> replays_;  // earlier runs' journals, sent again
   std::unique_ptr<mf::FileStore> store_;  // or a local file store
-  fs::path run_dir_;
+  fs::path run_dir_, store_root_;
+  std::string experiment_, run_name_used_;  // the file store run's, for run_info
+  nlohmann::json logged_tables_ = nlohmann::json::array();  // the mlflow.loggedArtifacts tag's value
+  bool tables_full_ = false;
   bool ended_ = false;
 };
 
@@ -205,7 +329,9 @@ constexpr hasten_option_spec kOptions[] = {
 
 constexpr hasten_plugin_descriptor kMlflow = hasten::sdk::with_options(
     hasten::sdk::tracker_descriptor<MlflowTracker>(
-        "mlflow", "1.1", "MLflow tracking server (REST) or local file store: params, metrics, tags and the run's final status"),
+        "mlflow", "1.2",
+        "MLflow tracking server (REST) or local file store: params, metrics, tags, images, tables and text (artifacts) "
+        "and the run's final status"),
     kOptions);
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <curl/curl.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -28,6 +29,22 @@ std::string env(const char* name) {
 bool env_true(const char* name) {
   const std::string v = env(name);
   return v == "1" || v == "true" || v == "True" || v == "TRUE";
+}
+
+// Each character but letters, digits, '-', '_', '.', '~' and '/' as %XX.
+std::string encode_path(const std::string& path) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : path) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || c == '/') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -109,7 +126,11 @@ RestResponse RestClient::get(const std::string& endpoint, const std::string& que
   return call(impl_->base + "/api/2.0/mlflow/" + endpoint + (query.empty() ? "" : "?" + query), nullptr);
 }
 
-RestResponse RestClient::call(const std::string& url, const std::string* body) {
+RestResponse RestClient::put_artifact(const std::string& path, const std::string& bytes) {
+  return call(impl_->base + "/api/2.0/mlflow-artifacts/artifacts/" + encode_path(path), &bytes, /*put=*/true);
+}
+
+RestResponse RestClient::call(const std::string& url, const std::string* body, bool put) {
   RestResponse r;
   CURL* c = impl_->curl;
   if (c == nullptr) {
@@ -143,6 +164,9 @@ RestResponse RestClient::call(const std::string& url, const std::string* body) {
   }
   if (body != nullptr) {
     curl_easy_setopt(c, CURLOPT_POST, 1L);
+    // The artifact proxy takes the file's bytes as the body of a PUT (the header's JSON
+    // content type is not read by it).
+    if (put) curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, "PUT");
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, body->data());
     curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body->size()));
   }

@@ -42,9 +42,12 @@ class RestClient {
   // endpoint: e.g. "runs/log-batch" (under /api/2.0/mlflow/).
   RestResponse post(const std::string& endpoint, const nlohmann::json& body);
   RestResponse get(const std::string& endpoint, const std::string& query);
+  // An artifact through the server's artifact proxy (mlflow server --serve-artifacts, the
+  // default): PUT /api/2.0/mlflow-artifacts/artifacts/<path>, path's segments URL-encoded.
+  RestResponse put_artifact(const std::string& path, const std::string& bytes);
 
  private:
-  RestResponse call(const std::string& url, const std::string* body);
+  RestResponse call(const std::string& url, const std::string* body, bool put = false);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

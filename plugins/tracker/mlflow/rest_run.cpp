@@ -3,8 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iterator>
 #include <system_error>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include "artifacts.hpp"
 #include "file_store.hpp"
 #include "rest_client.hpp"
 
@@ -64,13 +70,24 @@ RestRun::RestRun(Settings settings, Identity identity)
     : settings_(std::move(settings)), identity_(std::move(identity)), token_(new_run_id()) {
   std::error_code ec;
   std::filesystem::create_directories(settings_.journal.parent_path(), ec);
+  // Locked before it has its name, so that a later run replaying journals never takes a live
+  // one (journal_replay.cpp): the lock stays with the file through the rename.
+  const std::string fresh = settings_.journal.string() + ".new";
+  lock_fd_ = ::open(fresh.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ >= 0 && (::flock(lock_fd_, LOCK_EX) != 0 || ::rename(fresh.c_str(), settings_.journal.c_str()) != 0)) {
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+  }
   journal_.open(settings_.journal, std::ios::app);
+  artifacts_ = settings_.journal;
+  artifacts_.replace_extension(".artifacts");
   if (!journal_)
     settings_.warn("cannot write the journal " + settings_.journal.string() +
                    "; records are kept in memory only until the server takes them");
   std::lock_guard<std::mutex> lock(mu_);
   journal({{"run", {{"experiment", identity_.experiment}, {"run_name", identity_.run_name},
                     {"tracking_uri", without_credentials(settings_.uri)}, {"start_time", identity_.start_ms},
+                    {"user", identity_.user},
                     {"hasten.run_token", token_}}}});
   identity_.tags.emplace_back("hasten.run_token", token_);
   for (auto& [key, value] : identity_.params) {
@@ -79,19 +96,25 @@ RestRun::RestRun(Settings settings, Identity identity)
                      std::to_string(kMaxParamValue) + ", the rest is cut");
       value = cut_characters(value, kMaxParamValue);
     }
-    queue_.push_back({Record::Param, {{"key", key}, {"value", value}}});
+    queue_.push_back({Record::Param, {{"key", key}, {"value", value}}, {}});
     journal({{"param", queue_.back().entry}});
   }
   for (const auto& [key, value] : identity_.tags) {
-    queue_.push_back({Record::Tag, {{"key", key}, {"value", value}}});
+    queue_.push_back({Record::Tag, {{"key", key}, {"value", value}}, {}});
     journal({{"tag", queue_.back().entry}});
   }
   queued_ = queue_.size();
   sender_ = std::thread([this] { run(); });
 }
 
+RestRun::RestRun(Settings settings, ReplayTag) : settings_(std::move(settings)), replay_(true) {
+  artifacts_ = settings_.journal;
+  artifacts_.replace_extension(".artifacts");
+}
+
 RestRun::~RestRun() {
   if (sender_.joinable()) finish(false, 0);
+  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
 void RestRun::journal(const nlohmann::json& line) {
@@ -110,12 +133,61 @@ void RestRun::log_metrics(const std::vector<std::pair<std::string, double>>& val
         settings_.warn("metric '" + key.substr(0, 40) + "...' has a name over MLflow's " + std::to_string(kMaxKey) +
                        " characters; it is sent cut to that");
       queue_.push_back({Record::Metric, {{"key", cut_characters(key, kMaxKey)}, {"value", metric_value(value)},
-                                         {"timestamp", t}, {"step", step}}});
+                                         {"timestamp", t}, {"step", step}}, {}});
       journal({{"metric", queue_.back().entry}});
     }
     queued_ += values.size();
   }
   cv_.notify_one();
+}
+
+void RestRun::log_tag(const std::string& key, const std::string& value) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back({Record::Tag, {{"key", key}, {"value", value}}, {}});
+    journal({{"tag", queue_.back().entry}});
+    ++queued_;
+  }
+  cv_.notify_one();
+}
+
+void RestRun::log_artifact(const std::string& path, std::string bytes) {
+  Record record{Record::Artifact, {{"path", path}}, {}};
+  // The bytes go to a file beside the journal, so that a long outage holds no images in
+  // memory and a run that ends before the server answers keeps them; a file that cannot be
+  // written keeps them in memory.
+  const std::filesystem::path file = artifacts_ / path;
+  std::error_code ec;
+  std::filesystem::create_directories(file.parent_path(), ec);
+  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  if (out) record.entry["file"] = file.string();
+  else record.bytes = std::move(bytes);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(record));
+    journal({{"artifact", queue_.back().entry}});
+    ++queued_;
+  }
+  cv_.notify_one();
+}
+
+std::vector<std::pair<std::string, std::string>> RestRun::run_info(double wait_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  drained_.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(wait_s * 1000)),
+                    [&] { return !made_run_id_.empty() || stop_; });
+  std::vector<std::pair<std::string, std::string>> info{{"tracking_uri", without_credentials(settings_.uri)},
+                                                         {"experiment_name", identity_.experiment},
+                                                         {"run_name", identity_.run_name},
+                                                         {"run_token", token_},
+                                                         {"journal", settings_.journal.string()}};
+  if (!made_run_id_.empty()) {
+    info.emplace_back("run_id", made_run_id_);
+    info.emplace_back("experiment_id", made_experiment_id_);
+    info.emplace_back("artifact_uri", made_artifact_uri_);
+  }
+  return info;
 }
 
 void RestRun::finish(bool finished, double wait_s) {
@@ -125,9 +197,11 @@ void RestRun::finish(bool finished, double wait_s) {
   uint64_t unsent = 0, refused = 0;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    final_status_ = finished ? "FINISHED" : "FAILED";
-    end_ms_ = now_ms();
-    journal({{"status", final_status_}, {"end_time", end_ms_}});
+    if (!replay_) {  // a replayed run ends as its journal says
+      final_status_ = finished ? "FINISHED" : "FAILED";
+      end_ms_ = now_ms();
+      journal({{"status", final_status_}, {"end_time", end_ms_}});
+    }
     cv_.notify_one();
     done = drained_.wait_until(lock, deadline, [&] { return queue_.empty() && status_sent_; });
     stop_ = true;
@@ -150,6 +224,7 @@ void RestRun::finish(bool finished, double wait_s) {
   } else {
     std::error_code ec;
     std::filesystem::remove(settings_.journal, ec);  // all on the server: nothing to keep
+    std::filesystem::remove_all(artifacts_, ec);
     std::filesystem::remove(settings_.journal.parent_path(), ec);  // only when no other journal is there
   }
 }
@@ -170,6 +245,12 @@ void RestRun::run() {
       failed(std::string("an answer it could not read: ") + e.what());
     }
     lock.lock();
+    if (!run_id_.empty() && made_run_id_.empty()) {  // published for run_info
+      made_run_id_ = run_id_;
+      made_experiment_id_ = experiment_id_;
+      made_artifact_uri_ = artifact_uri_;
+      drained_.notify_all();
+    }
     if (ok) {
       backoff = std::chrono::milliseconds(250);
       if (queue_.empty() && status_sent_) drained_.notify_all();
@@ -181,14 +262,16 @@ void RestRun::run() {
 }
 
 bool RestRun::send_next() {
-  bool pending = false, status_due = false;
+  bool pending = false, status_due = false, artifact = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending = !queue_.empty();
+    artifact = pending && queue_.front().kind == Record::Artifact;
     status_due = !final_status_.empty() && !status_sent_;
   }
   bool ok = true;
   if (run_id_.empty()) ok = set_up();
+  else if (artifact) ok = send_artifact();
   else if (pending) ok = send_batch();
   else if (status_due) ok = send_status();
   if (ok && outage_) {
@@ -237,6 +320,7 @@ bool RestRun::set_up() {
     }
     if (s.body.contains("runs") && !s.body["runs"].empty()) {
       run_id_ = s.body["runs"][0]["info"]["run_id"].get<std::string>();
+      artifact_uri_ = s.body["runs"][0]["info"].value("artifact_uri", "");
       return true;
     }
   }
@@ -252,6 +336,7 @@ bool RestRun::set_up() {
     return false;
   }
   run_id_ = r.body["run"]["info"]["run_id"].get<std::string>();
+  artifact_uri_ = r.body["run"]["info"].value("artifact_uri", "");
   return true;
 }
 
@@ -281,6 +366,56 @@ bool RestRun::send_batch() {
     refused_ += n;
     settings_.warn("" + without_credentials(settings_.uri) + " refused " + std::to_string(n) + " records (" +
                    r.describe() + "); they stay in " + settings_.journal.string());
+  }
+  return true;
+}
+
+bool RestRun::send_artifact() {
+  std::string path, file, bytes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Record& front = queue_.front();
+    path = front.entry["path"].get<std::string>();
+    file = front.entry.value("file", "");
+    bytes = front.bytes;
+  }
+  if (!file.empty()) {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const ArtifactRoot root = parse_artifact_uri(artifact_uri_);
+  std::string refusal;  // why this artifact cannot be stored, whatever the server's health
+  if (root.kind == ArtifactRoot::Proxy) {
+    auto r = client_->put_artifact(root.path + "/" + path, bytes);
+    if (!r.ok() && !r.refused()) {
+      failed("mlflow-artifacts " + path + ": " + r.describe());
+      return false;
+    }
+    if (!r.ok()) refusal = "its artifact proxy refused " + path + " (" + r.describe() + ")";
+  } else if (root.kind == ArtifactRoot::Local) {
+    // The server keeps artifacts in a directory and leaves clients to write there (mlflow
+    // server --no-serve-artifacts with a local root): reachable when it is on this machine.
+    const std::filesystem::path target = std::filesystem::path(root.path) / path;
+    std::error_code ec;
+    std::filesystem::create_directories(target.parent_path(), ec);
+    std::ofstream out(target, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.close();
+    if (!out) refusal = "the run's artifact directory " + root.path + " cannot be written here";
+  } else {
+    refusal = "the run's artifact_uri '" + artifact_uri_ +
+              "' is neither the server's artifact proxy (mlflow-artifacts:) nor a local directory";
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.pop_front();
+  if (refusal.empty()) {
+    ++sent_;
+  } else {
+    ++refused_;
+    if (!warned_artifact_store_) {
+      warned_artifact_store_ = true;
+      settings_.warn("artifacts not stored: " + refusal + "; they stay in " + artifacts_.string());
+    }
   }
   return true;
 }

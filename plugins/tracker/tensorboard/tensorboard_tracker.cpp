@@ -28,7 +28,7 @@
 #include "hasten_tb/event.pb.h"
 #include "hasten_tb/hparams.pb.h"
 #include "histogram.hpp"
-#include "png_encode.hpp"
+#include "png/png_encode.hpp"
 #include "record_writer.hpp"
 
 namespace {
@@ -126,7 +126,8 @@ class TensorboardTracker final : public hasten::sdk::Tracker {
 
     char file[64];
     std::snprintf(file, sizeof(file), "events.out.tfevents.%010lld.", static_cast<long long>(std::time(nullptr)));
-    writer_.open(run_dir_ + "/" + file + host);
+    event_file_ = run_dir_ + "/" + file + host;
+    writer_.open(event_file_);
     last_flush_ = now();
 
     tb::Event header;
@@ -143,6 +144,12 @@ class TensorboardTracker final : public hasten::sdk::Tracker {
     write_plugin_event("_hparams_/session_start_info", data);
     writer_.flush();  // the run appears in TensorBoard as soon as it starts
     if (flush_secs_ > 0) timer_ = std::thread([this] { flush_periodically(); });
+  }
+
+  // `tensorboard --logdir` of log_dir shows the run; event_file is the file it reads.
+  std::string run_info() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return nlohmann::json{{"log_dir", run_dir_}, {"event_file", event_file_}}.dump();
   }
 
   void log_scalars(const hasten_scalar* values, uint32_t n, int64_t step) override {
@@ -174,7 +181,7 @@ class TensorboardTracker final : public hasten::sdk::Tracker {
 
   void log_image(const char* name, const uint8_t* pixels, uint32_t height, uint32_t width, uint32_t channels,
                  int64_t step) override {
-    std::string png = hasten::tensorboard::encode_png(pixels, height, width, channels);  // outside the lock
+    std::string png = hasten::tracker_png::encode_png(pixels, height, width, channels, "tensorboard");  // outside the lock
     std::lock_guard<std::mutex> lock(mutex_);
     tb::Event event = stamped(step);
     auto* v = event.mutable_summary()->add_value();
@@ -315,7 +322,7 @@ class TensorboardTracker final : public hasten::sdk::Tracker {
   double flush_secs_ = 0;  // kOptions' defaults: SummaryWriter's 120 s and 10 events
   int64_t max_queue_ = 0;
   std::string run_name_;
-  std::string run_dir_;
+  std::string run_dir_, event_file_;
   double last_flush_ = 0;
   hasten::tensorboard::RecordWriter writer_;
   // The timer thread shares the writer with the tracker's calls.

@@ -55,6 +55,8 @@
  *            fsdp_cpu_ram_efficient_loading).
  *     1.9    tracker slots log_image, log_histogram and log_table (Accelerator::log_images,
  *            log_histogram, log_table, routed to the trackers that have them).
+ *     1.10   tracker slot run_info (Accelerator::get_tracker: what names the tracker's run in
+ *            its own terms, such as an MLflow run id or a TensorBoard log directory).
  *
  * - Tensors in asynchronous calls: a DLTensor struct passed to any call (and its shape and
  *   strides arrays) is borrowed for the duration of the call only; a callee that needs them
@@ -96,7 +98,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------ */
 
 #define HASTEN_ABI_MAJOR 1
-#define HASTEN_ABI_MINOR 9
+#define HASTEN_ABI_MINOR 10
 /* Packed as (major << 16) | minor in every abi_version field. */
 #define HASTEN_ABI_VERSION ((uint32_t)((HASTEN_ABI_MAJOR << 16) | HASTEN_ABI_MINOR))
 #define HASTEN_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -643,6 +645,12 @@ typedef struct hasten_tracker_vtable {
    * cells are strings or finite numbers (others come as "nan", "inf", "-inf"). NULL: the
    * tracker keeps no tables. */
   hasten_status (*log_table)(hasten_instance* self, const char* name, const char* table_json, int64_t step);
+  /* 1.10. Optional. What names the run in the tracker's own terms (Accelerator::get_tracker):
+   * *json_out is set to the text of one JSON object whose values are strings, for example
+   * {"run_id": ..., "tracking_uri": ...} or {"log_dir": ...}; owned by the tracker, valid
+   * until the next call on self or destroy. Called after start, from the thread that logs.
+   * NULL: the tracker names nothing of its run. */
+  hasten_status (*run_info)(hasten_instance* self, const char** json_out);
 } hasten_tracker_vtable;
 
 /* ------------------------------------------------------------------------------------------ */

@@ -432,6 +432,16 @@ class Tracker : public PluginBase {
   virtual void log_table(const char* name, const char* table_json, int64_t step) {
     (void)name, (void)table_json, (void)step;
   }
+  // 1.10: the text of one JSON object of strings naming the run (hasten_tracker_vtable.run_info).
+  virtual std::string run_info() { return "{}"; }
+  // The slot's side: run_info() kept here, so the host's pointer lives until the next call.
+  const char* run_info_for_host() {
+    run_info_text_ = run_info();
+    return run_info_text_.c_str();
+  }
+
+ private:
+  std::string run_info_text_;  // what the run_info slot hands the host, kept until the next call
 };
 
 template <class T>
@@ -474,6 +484,10 @@ constexpr hasten_tracker_vtable make_tracker_vtable() {
   if constexpr (HASTEN_SDK_OVERRIDES(T, Tracker, log_table))
     vt.log_table = [](hasten_instance* i, const char* name, const char* table, int64_t step) noexcept {
       return detail::call<Tracker>(i, [&](Tracker& t) { t.log_table(name, table, step); });
+    };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Tracker, run_info))
+    vt.run_info = [](hasten_instance* i, const char** json_out) noexcept {
+      return detail::call<Tracker>(i, [&](Tracker& t) { *json_out = t.run_info_for_host(); });
     };
   return vt;
 }

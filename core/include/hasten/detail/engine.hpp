@@ -8,6 +8,7 @@
 #include <hasten/gradient_state.hpp>
 #include <hasten/process.hpp>
 #include <hasten/state_hooks.hpp>
+#include <hasten/tracker_handle.hpp>
 #include <hasten/unit.hpp>
 
 #include <torch/nn/module.h>
@@ -192,6 +193,25 @@ class Engine {
     std::function<void(const std::vector<std::pair<std::string, torch::Tensor>>&)> load_tensors;
   };
   void register_for_checkpointing(CheckpointObject object);
+  // Accelerator::register_for_checkpointing's object: state_dict() returns std::string (bytes)
+  // or named tensors, with the matching load_state_dict(const ...&).
+  template <class T>
+  static CheckpointObject checkpoint_object(T& object) {
+    CheckpointObject o;
+    using State = std::decay_t<decltype(object.state_dict())>;
+    if constexpr (std::is_same_v<State, std::string>) {
+      o.save_bytes = [&object] { return object.state_dict(); };
+      o.load_bytes = [&object](const std::string& bytes) { object.load_state_dict(bytes); };
+    } else {
+      static_assert(std::is_same_v<State, std::vector<std::pair<std::string, torch::Tensor>>>,
+                    "register_for_checkpointing: state_dict() must return std::string or hasten::NamedTensors");
+      o.save_tensors = [&object] { return object.state_dict(); };
+      o.load_tensors = [&object](const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+        object.load_state_dict(tensors);
+      };
+    }
+    return o;
+  }
   // Pre-hooks of save_state (save = true) and load_state; the id removes one.
   size_t add_state_pre_hook(bool save, StateHook hook);
   void remove_state_pre_hook(size_t id) noexcept;
@@ -212,6 +232,8 @@ class Engine {
   // "generator" (the one given). Checks every name before the first collective.
   void synchronize_rng_states(const std::vector<std::string>& rng_types, torch::Generator generator);
   void log(const std::vector<std::pair<std::string, double>>& values, int64_t step);
+  // A running tracker by name (trackers.cpp); self: this engine, which the handle's log holds weakly.
+  TrackerHandle get_tracker(const std::string& name, std::weak_ptr<Engine> self);
   void log_text(const std::string& name, const std::string& text, int64_t step);
   // tracker_media.cpp: images, histograms and tables, to the trackers that keep them.
   void log_images(const std::vector<std::pair<std::string, torch::Tensor>>& images, int64_t step);

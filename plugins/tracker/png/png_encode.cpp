@@ -6,9 +6,9 @@
 
 #include <cstring>
 
-namespace hasten::tensorboard {
+namespace hasten::tracker_png {
 
-std::string encode_png(const uint8_t* pixels, uint32_t height, uint32_t width, uint32_t channels) {
+std::string encode_png(const uint8_t* pixels, uint32_t height, uint32_t width, uint32_t channels, const char* who) {
   using hasten::sdk::Error;
   png_image image;
   std::memset(&image, 0, sizeof image);
@@ -21,18 +21,18 @@ std::string encode_png(const uint8_t* pixels, uint32_t height, uint32_t width, u
     case 4: image.format = PNG_FORMAT_RGBA; break;
     default:
       throw Error(HASTEN_ERR_INVALID_ARGUMENT,
-                  "tensorboard: an image of " + std::to_string(channels) + " channels (allowed: 1, 3, 4)");
+                  std::string(who) + ": an image of " + std::to_string(channels) + " channels (allowed: 1, 3, 4)");
   }
   png_alloc_size_t size = 0;
   // First the size, then the file (the row stride 0: rows are packed).
   if (!png_image_write_to_memory(&image, nullptr, &size, 0, pixels, 0, nullptr))
-    throw Error(HASTEN_ERR_INTERNAL, std::string("tensorboard: libpng: ") + image.message);
+    throw Error(HASTEN_ERR_INTERNAL, std::string(who) + ": libpng: " + image.message);
   std::string out(size, '\0');
   if (!png_image_write_to_memory(&image, out.data(), &size, 0, pixels, 0, nullptr))
-    throw Error(HASTEN_ERR_INTERNAL, std::string("tensorboard: libpng: ") + image.message);
+    throw Error(HASTEN_ERR_INTERNAL, std::string(who) + ": libpng: " + image.message);
   out.resize(size);
   png_image_free(&image);
   return out;
 }
 
-}  // namespace hasten::tensorboard
+}  // namespace hasten::tracker_png
