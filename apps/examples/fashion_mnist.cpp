@@ -86,6 +86,37 @@ Eval evaluate(hasten::Accelerator& acc, Model& model, Loader& loader) {
           count > 0 ? loss_sum / static_cast<double>(count) : 0.0, count};
 }
 
+// Fashion-MNIST's ten classes, in label order.
+const char* const kClassNames[10] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                     "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+
+// The first `count` test images side by side as one picture, and a table of what the model
+// guesses for each: the trackers that keep images and tables (tensorboard, mlflow) show how the
+// guesses change from epoch to epoch. Every rank runs the forward (a sharded model gathers its
+// parameters in it); only the main process's log reaches the trackers.
+template <class Model>
+void log_samples(hasten::Accelerator& acc, Model& model, const torch::Tensor& images, const torch::Tensor& labels,
+                 int64_t count, int64_t step) {
+  auto batch = images.slice(0, 0, count);
+  torch::Tensor guesses;
+  {
+    model.eval();
+    torch::NoGradGuard no_grad;
+    guesses = model(batch.to(acc.device())).argmax(1).cpu();
+    model.train();
+  }
+  // The images are normalised (mean 0, std 1): back to 0-1 for the picture.
+  auto strip = torch::cat(batch.unbind(0), /*dim=*/2);  // [1, 28, 28 * count]
+  strip = (strip - strip.min()) / (strip.max() - strip.min()).clamp_min(1e-6);
+  acc.log_images({{"test_samples", strip}}, step);
+  std::vector<std::vector<hasten::TableCell>> rows;
+  for (int64_t i = 0; i < count; ++i) {
+    const auto label = labels[i].item<int64_t>(), guess = guesses[i].item<int64_t>();
+    rows.push_back({std::to_string(i), kClassNames[label], kClassNames[guess], guess == label ? "yes" : "no"});
+  }
+  acc.log_table("test_guesses", {"image", "label", "guess", "right"}, rows, step);
+}
+
 int run_training(const Args& a, hasten::Options options) {
   const auto t0 = std::chrono::steady_clock::now();
   // Before the Accelerator: a missing data set is reported at once, not after a rendezvous.
@@ -171,6 +202,8 @@ int run_training(const Args& a, hasten::Options options) {
     if (tracking)
       acc.log({{"test_accuracy", last.accuracy}, {"test_loss", last.loss}, {"epoch", double(progress.epoch)}},
               progress.step);
+    if (tracking && a.log_samples > 0)
+      log_samples(acc, model, data.test_images, data.test_labels, a.log_samples, progress.step);
     checkpoint = acc.save_state();  // hasten: <project_dir>/checkpoints/checkpoint_<N>
   }
   if (last.count == 0 && !stopped && !a.json)  // resumed after the last epoch: nothing left to train

@@ -22,6 +22,7 @@ struct Args {
   uint64_t seed = 0;
   int threads = 1;
   int64_t log_every = 50;
+  int64_t log_samples = 0;  // test images shown to the trackers with the model's guesses, each epoch
   std::string data_dir = kFashionMnistDir;
   bool resume = false, json = false, quiet = false;
 };

@@ -57,6 +57,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", a.threads, "Intra-op threads per process (LibTorch's pool, which sizes MKL's; an OpenBLAS's own pool)")->check(whole_number(1));
   app.add_option("--log_every,--log-every", a.log_every, "Log the training loss to the trackers every N steps (0: off)")
       ->check(whole_number(0));
+  app.add_option("--log_samples,--log-samples", a.log_samples,
+                 "After each epoch, show the trackers the first N test images (a strip) and a table of the model's guesses (0: off)")
+      ->check(CLI::Range(int64_t{0}, int64_t{64}));
   app.add_option("--data_dir,--data-dir", a.data_dir, "Directory of the four IDX files (.gz or not)");
   std::string project_dir, config_file, mp, strategy;
   std::vector<std::string> trackers, sets;
