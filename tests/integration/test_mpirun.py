@@ -2,7 +2,8 @@
 environment gives the ranks; the store's port comes from the MPI job id), with the shm and with
 the gloo comm plugin, and its losses are bitwise those of `hasten launch --num_processes 2` with
 the same comm; `-x MASTER_ADDR -x MASTER_PORT` given explicitly works too. The mpi comm
-plugin passes the collective suite of gloo and shm under mpirun -np 2 and 3, trains ddp and zero3
+plugin passes the collective suite of gloo and shm under mpirun -np 2 and 3 and the device mesh's
+group check (MPI_Comm_split) under -np 4, trains ddp and zero3
 to gloo's losses, and is refused in one line under hasten launch. Skips (exit 77)
 without mpirun (Debian's openmpi-bin, which scripts/install-deps.sh installs) or without
 Fashion-MNIST."""
@@ -80,11 +81,17 @@ with tempfile.TemporaryDirectory() as d:
         h.fail("the mpi comm plugin was not built (HASTEN_TEST_MPI_SUITE is unset): install libopenmpi-dev "
                "(scripts/install-deps.sh does)")
     for n in ("2", "3"):
-        p = h.run([MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", n, "-x", "HASTEN_COMM=mpi", suite, "--gtest_color=no"],
-                  timeout=300)
+        p = h.run([MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", n, "-x", "HASTEN_COMM=mpi", suite, "--gtest_color=no",
+                   "--gtest_filter=Mpi.EveryOperationAndDtypeUnderMpirun"], timeout=300)
         if p.returncode != 0 or "[  PASSED  ] 1 test" not in p.stdout:
             h.fail(f"the collective suite under mpirun -np {n} with comm mpi:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
         print(f"ok: mpi comm plugin: every operation and dtype on {n} processes")
+    # Process groups (MPI_Comm_split): a dp_replicate 2 x dp_shard 2 mesh on 4 processes.
+    p = h.run([MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "4", "-x", "HASTEN_COMM=mpi", suite,
+               "--gtest_color=no", "--gtest_filter=Mpi.DeviceMeshUnderMpirun"], timeout=300)
+    if p.returncode != 0 or "[  PASSED  ] 1 test" not in p.stdout:
+        h.fail(f"the device mesh under mpirun -np 4 with comm mpi:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
+    print("ok: mpi comm plugin: every group of a 2 x 2 mesh on 4 processes")
     for strategy in ("ddp", "zero3"):
         args = [*ARGS, "--strategy", strategy]
         gloo = summary(h.run([*MPI, PROGRAM, *args, "--set", "comm=gloo", "--project_dir",

@@ -20,6 +20,7 @@
 #include <hasten/config.hpp>
 #include <hasten/data.hpp>
 #include <hasten/detail/engine.hpp>
+#include <hasten/device_mesh.hpp>
 #include <hasten/detail/prepare.hpp>
 #include <hasten/detail/prepare_traits.hpp>
 #include <hasten/error.hpp>
@@ -278,6 +279,9 @@ class Accelerator {
     return engine_->pad_across_processes(tensor, dim, pad_index, pad_first);
   }
   void wait_for_everyone() { engine_->wait_for_everyone(); }
+  // The run's processes as a mesh of named dimensions (config key parallelism_config) and this
+  // process's group along each, for collectives over part of the run (device_mesh.hpp).
+  DeviceMesh device_mesh() const { return DeviceMesh(engine_); }
   // In-place collectives on contiguous tensors (CPU tensors go to the CPU comm backend,
   // CUDA tensors to the GPU one). all_reduce_ returns at once; wait on the Work.
   Work all_reduce_(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) {

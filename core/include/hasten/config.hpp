@@ -20,6 +20,18 @@
 
 namespace hasten {
 
+// Accelerate's ParallelismConfig (config key `parallelism_config`, or Options::parallelism_config):
+// the sizes of the run's device mesh, whose dimensions are, outermost first, dp_replicate,
+// dp_shard, cp and tp (tp's ranks adjacent). Their product is the number of processes; all 1
+// (the default) is a mesh of dp_replicate over every process, as Accelerate makes it
+// (device_mesh.hpp).
+struct ParallelismConfig {
+  int dp_replicate_size = 1;
+  int dp_shard_size = 1;
+  int tp_size = 1;
+  int cp_size = 1;  // only 1 until context parallelism exists
+};
+
 // Options given in code: the highest-precedence layer. Unset fields leave the lower layers'
 // values; `set` takes any key by its dotted path ("fsdp_config.fsdp_sharding_strategy") with
 // its value written as in YAML ("FULL_SHARD", "4", "[csv, jsonl]").
@@ -49,6 +61,7 @@ struct Options {
   std::optional<bool> scheduler_steps_per_process;
   std::optional<bool> adjust_scheduler;  // Accelerate's, under scheduler_steps_per_process
   std::optional<std::string> pad_out_of_range_dim;  // "error" (hasten) or "unchanged"
+  std::optional<ParallelismConfig> parallelism_config;  // config key parallelism_config
   std::vector<std::pair<std::string, std::string>> set;
   // How messages name these options: "code" ("code option mixed_precision") or "flag"
   // ("flag --mixed_precision", for command-line tools).
@@ -127,6 +140,7 @@ struct Config {
   // prepare, each hasten::Unit keeps only this rank's shard once constructed (stage 3).
   bool sharded_init = false;
   ProfileSettings profile;
+  ParallelismConfig parallelism;
   bool sync_with_dataloader = true;
   // Departures from Accelerate, each with Accelerate's arithmetic as an option.
   std::string short_window_loss_division = "window";  // "steps": divide by N, as Accelerate

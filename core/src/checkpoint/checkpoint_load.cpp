@@ -30,6 +30,7 @@
 #include "checkpoint/checkpoint_state_check.hpp"
 #include "checkpoint/optimizer_state.hpp"
 #include "engine/engine_state.hpp"
+#include "util/trace_ranges.hpp"
 
 namespace hasten::detail {
 

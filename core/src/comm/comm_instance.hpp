@@ -1,6 +1,7 @@
 // The host's view of a comm plugin instance (C tier).
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "plugins/plugin_instances.hpp"
@@ -83,12 +84,33 @@ class CommInstance : public PluginInstance {
     } catch (...) {
     }
   }
+  // ABI 1.11: process groups. NULL in a plugin built before (the vtable copy is zeroed past its
+  // struct_size).
+  bool has_split() const { return vt().comm.split != nullptr; }
+  // A connected instance of this plugin over the group (plugin.h, comm slot split).
+  std::unique_ptr<CommInstance> split(int color, int rank, int size, const std::string& store_prefix) {
+    hasten_comm_split s{};
+    s.struct_size = sizeof(s);
+    s.abi_version = HASTEN_ABI_VERSION;
+    s.color = color;
+    s.rank = rank;
+    s.size = size;
+    s.store_prefix = store_prefix.c_str();
+    hasten_instance* out = nullptr;
+    call("split", [&] { return vt().comm.split(instance_, &s, &out); });
+    if (out == nullptr) throw PluginError(label() + ": split returned no instance");
+    return std::unique_ptr<CommInstance>(new CommInstance(*this, out));
+  }
   void abort() noexcept {
     try {
       if (vt().comm.abort) vt().comm.abort(instance_);
     } catch (...) {
     }
   }
+
+ private:
+  // A group's instance, made by the plugin's split: the parent's plugin, adopted.
+  CommInstance(const CommInstance& parent, hasten_instance* adopted) : PluginInstance(parent, adopted) {}
 };
 
 }  // namespace hasten::detail

@@ -50,6 +50,13 @@ class LocalCommunicator final : public Communicator {
     return nullptr;
   }
   void barrier(const hasten_coll_options*) override {}
+  // One process: its only group is itself.
+  std::unique_ptr<Communicator> split(int, int rank, int size, const std::string&) override {
+    if (rank != 0 || size != 1)
+      throw Error("a one-process run has no group of " + std::to_string(size) + " ranks");
+    return std::make_unique<LocalCommunicator>();
+  }
+  std::string cannot_split() const override { return ""; }
 };
 
 }  // namespace

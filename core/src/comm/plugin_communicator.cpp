@@ -90,7 +90,7 @@ const hasten_coll_options* on_current_stream(const DLDevice& device, const haste
   if (device.device_type != kDLCUDA || (o != nullptr && o->stream != nullptr)) return o;
   void* stream = current_stream(device);
   if (stream == nullptr) return o;
-  storage = hasten_coll_options{HASTEN_STRUCT_INIT(hasten_coll_options), nullptr, 0};
+  storage = hasten_coll_options{HASTEN_STRUCT_INIT(hasten_coll_options), nullptr, 0, nullptr};
   if (o != nullptr)  // a caller built against an older header may have a shorter struct
     std::memcpy(&storage, o, std::min<size_t>(o->struct_size, sizeof storage));
   storage.struct_size = sizeof storage;
@@ -154,6 +154,21 @@ class PluginCommunicator final : public Communicator {
   void barrier(const hasten_coll_options* o) override {
     TraceRange range("hasten::barrier");
     if (auto w = wrap(cpu_.get(), cpu_->barrier(o), DLDevice{kDLCPU, 0})) w->wait(0);
+  }
+  // Each backend of the run splits its own communicator (the CPU one, then the GPU one: the
+  // same order on every rank); the group's communicator routes as this one does.
+  std::unique_ptr<Communicator> split(int color, int rank, int size, const std::string& store_prefix) override {
+    if (const std::string which = cannot_split(); !which.empty())
+      throw PluginError(which + ": has no process groups (comm slot split, ABI 1.11)");
+    auto cpu = cpu_->split(color, rank, size, store_prefix + "cpu/");
+    std::unique_ptr<CommInstance> gpu;
+    if (gpu_) gpu = gpu_->split(color, rank, size, store_prefix + "cuda/");
+    return std::make_unique<PluginCommunicator>(rank, size, std::move(cpu), std::move(gpu));
+  }
+  std::string cannot_split() const override {
+    if (!cpu_->has_split()) return cpu_->label();
+    if (gpu_ && !gpu_->has_split()) return gpu_->label();
+    return "";
   }
 
  private:

@@ -17,6 +17,7 @@
 #include "config/config_schema.hpp"
 #include "config/config_sources.hpp"
 #include "config/described_options.hpp"
+#include "config/parallelism_config.hpp"
 #include "config/profile_config.hpp"
 #include "config/strategy_vocabulary.hpp"
 #include "util/text_util.hpp"
@@ -269,6 +270,7 @@ Config finish(std::vector<Layer> layers, const std::string& config_file, const E
   c.precision_options = merged["precision_options"].dump();
   c.tracker_options = merged["tracker_options"].dump();
   c.profile = parse_profile(merged["profile"], "profile (" + where("profile") + ")");
+  c.parallelism = parse_parallelism(merged["parallelism_config"], "parallelism_config (" + where("parallelism_config") + ")");
   c.trackers_in_process = merged["trackers_in_process"].get<bool>();
   {
     // Keyed by device type when any key is one (the shape of `comm`); otherwise the whole

@@ -56,7 +56,11 @@ const Schema& core_schema() {
       {"dynamo_config", T::Map, json(), {}, {}, {}, "Accelerate's; dynamo_backend NO only: a backend is refused (torch.compile has no C++ counterpart)"},
       {"fp8_config", T::Map, json(), {}, {}, {}, "Accepted for Accelerate compatibility (fp8 is not supported)", true},
       {"mpirun_config", T::Map, json(), {}, {}, {}, "Accepted for Accelerate compatibility (hasten launch starts CPU workers itself)", true},
-      {"parallelism_config", T::Map, json(), {}, {}, {}, "Accepted for Accelerate compatibility", true},
+      {"parallelism_config", T::Map, json(), {}, {}, {},
+       "Accelerate's ParallelismConfig: the device mesh's sizes {parallelism_config_dp_replicate_size, "
+       "parallelism_config_dp_shard_size, parallelism_config_tp_size, parallelism_config_cp_size} (cp: 1 only); "
+       "their product is the number of processes (all 1: dp_replicate over every process); "
+       "Accelerator::device_mesh() gives each dimension's process group"},
       {"megatron_lm_config", T::Map, json(), {}, {}, {}, "Accepted for Accelerate compatibility", true},
 
       // ---- hasten's keys --------------------------------------------------------------------

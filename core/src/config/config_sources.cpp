@@ -221,6 +221,11 @@ Layer code_layer(const Options& o) {
   if (o.scheduler_steps_per_process) put("scheduler_steps_per_process", *o.scheduler_steps_per_process);
   if (o.adjust_scheduler) put("adjust_scheduler", *o.adjust_scheduler);
   if (o.pad_out_of_range_dim) put("pad_out_of_range_dim", *o.pad_out_of_range_dim);
+  if (o.parallelism_config)
+    put("parallelism_config", json{{"parallelism_config_dp_replicate_size", o.parallelism_config->dp_replicate_size},
+                                   {"parallelism_config_dp_shard_size", o.parallelism_config->dp_shard_size},
+                                   {"parallelism_config_tp_size", o.parallelism_config->tp_size},
+                                   {"parallelism_config_cp_size", o.parallelism_config->cp_size}});
   for (auto& [key, text] : o.set) {
     const json value = yaml_text_to_json(text, where + " (" + key + ")");
     const KeySpec* spec = find_spec(core_schema(), key);
@@ -266,12 +271,14 @@ void resolve_pending(Layer& layer, const Schema& full) {
       }
       case PendingKey::Source::Set: {
         const KeySpec* spec = find_spec(full, p.path);
-        // One field of a mapping-valued key whose fields hasten checks itself (`profile.active=3`):
+        // One field of a mapping-valued key whose fields hasten checks itself (`profile.active=3`,
+        // `parallelism_config.parallelism_config_tp_size=2`):
         // merged into that key's mapping, as mappings from different sources are. Other
         // mappings (plugin options, Accelerate's compatibility sections) are set whole.
         const auto dot = p.path.find('.');
         const KeySpec* map = spec == nullptr && dot != std::string::npos ? find_spec(full, p.path.substr(0, dot)) : nullptr;
-        if (map != nullptr && map->path == "profile" && p.path.find('.', dot + 1) == std::string::npos) {
+        const bool checked_fields = map != nullptr && (map->path == "profile" || map->path == "parallelism_config");
+        if (checked_fields && p.path.find('.', dot + 1) == std::string::npos) {
           const json field = convert(*map, json{{p.path.substr(dot + 1), p.value}}, p.where);  // UTF-8, shape
           json& fields = layer.values[map->path];
           if (!fields.is_object()) fields = json::object();

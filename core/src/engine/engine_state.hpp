@@ -28,6 +28,7 @@
 #include "checkpoint/checkpoint_registry.hpp"
 #include "comm/communicator.hpp"
 #include "comm/pending_work.hpp"
+#include "comm/process_groups.hpp"
 #include "data/loader_registry.hpp"
 #include "engine/accumulation_state.hpp"
 #include "engine/join_state.hpp"
@@ -53,6 +54,8 @@ struct Engine::Impl {
   // comm/: the rendezvous store and the communicator the collectives go through.
   std::unique_ptr<Store> store;
   std::unique_ptr<Communicator> comm;
+  // The device mesh's groups (parallelism_config), split from comm and destroyed before it.
+  std::unique_ptr<ProcessGroups> groups;
   int64_t collective_seq = 0;  // debug mode: the n-th tensor collective of this rank
   bool trigger = false;        // set_trigger()'s flag until check_trigger() reads it
   // plugins/: the instances of this run's strategy and precision.

@@ -4,9 +4,11 @@
 #include <hasten/logging.hpp>
 #include <hasten/version.hpp>
 
+#include <cstddef>
 #include <cstring>
 
 #include "comm/communicator.hpp"
+#include "comm/process_groups.hpp"
 #include "plugins/host_options.hpp"
 
 namespace hasten::detail {
@@ -144,18 +146,46 @@ Communicator& comm_of(const hasten_host_api* api) {
   return *comm;
 }
 
+// The communicator a host collective runs on: its group's (ABI 1.11, options->group) or the
+// world's. A comm plugin never sees the group (its instance is the group's communicator):
+// *routed is the caller's options with group cleared, in `storage`.
+Communicator& route(const hasten_host_api* api, const hasten_coll_options* options, hasten_coll_options& storage,
+                    const hasten_coll_options** routed) {
+  *routed = options;
+  Communicator& world = comm_of(api);
+  // A caller built against a header before 1.11 has a struct that ends before group.
+  if (options == nullptr || options->struct_size < offsetof(hasten_coll_options, group) + sizeof(options->group) ||
+      options->group == nullptr)
+    return world;
+  const ProcessGroups* groups = HostContext::from(api).groups;
+  if (groups == nullptr || !groups->holds(options->group))
+    throw Error("a collective names a group that is not one of this run's (host->group makes them)");
+  storage = hasten_coll_options{};
+  std::memcpy(&storage, options, sizeof storage);
+  storage.struct_size = sizeof storage;  // a newer caller's longer struct is cut to what is copied
+  storage.group = nullptr;
+  *routed = &storage;
+  return *reinterpret_cast<const ProcessGroups::Entry*>(options->group)->comm;
+}
+
 hasten_status host_allreduce(const hasten_host_api* api, DLTensor* buffer, int32_t op,
                              const hasten_coll_options* options, hasten_work** work) noexcept {
   return host_guard([&]() -> hasten_status {
-    return publish(comm_of(api).allreduce(*buffer, static_cast<hasten_reduce_op>(op), options),
-                   work);
+    hasten_coll_options storage;
+    const hasten_coll_options* o = nullptr;
+    Communicator& comm = route(api, options, storage, &o);
+    return publish(comm.allreduce(*buffer, static_cast<hasten_reduce_op>(op), o), work);
   });
 }
 
 hasten_status host_allgather(const hasten_host_api* api, const DLTensor* input, DLTensor* output,
                              const hasten_coll_options* options, hasten_work** work) noexcept {
-  return host_guard(
-      [&] { return publish(comm_of(api).allgather(*input, *output, options), work); });
+  return host_guard([&]() -> hasten_status {
+    hasten_coll_options storage;
+    const hasten_coll_options* o = nullptr;
+    Communicator& comm = route(api, options, storage, &o);
+    return publish(comm.allgather(*input, *output, o), work);
+  });
 }
 
 hasten_status host_reduce_scatter(const hasten_host_api* api, const DLTensor* input,
@@ -163,21 +193,47 @@ hasten_status host_reduce_scatter(const hasten_host_api* api, const DLTensor* in
                                   const hasten_coll_options* options,
                                   hasten_work** work) noexcept {
   return host_guard([&]() -> hasten_status {
-    return publish(comm_of(api).reduce_scatter(*input, *output,
-                                               static_cast<hasten_reduce_op>(op), options),
-                   work);
+    hasten_coll_options storage;
+    const hasten_coll_options* o = nullptr;
+    Communicator& comm = route(api, options, storage, &o);
+    return publish(comm.reduce_scatter(*input, *output, static_cast<hasten_reduce_op>(op), o), work);
   });
 }
 
 hasten_status host_broadcast(const hasten_host_api* api, DLTensor* buffer, int32_t root,
                              const hasten_coll_options* options, hasten_work** work) noexcept {
-  return host_guard(
-      [&] { return publish(comm_of(api).broadcast(*buffer, root, options), work); });
+  return host_guard([&]() -> hasten_status {
+    hasten_coll_options storage;
+    const hasten_coll_options* o = nullptr;
+    Communicator& comm = route(api, options, storage, &o);
+    return publish(comm.broadcast(*buffer, root, o), work);
+  });
 }
 
 hasten_status host_barrier(const hasten_host_api* api, const hasten_coll_options* options) noexcept {
   return host_guard([&]() -> hasten_status {
-    comm_of(api).barrier(options);
+    hasten_coll_options storage;
+    const hasten_coll_options* o = nullptr;
+    route(api, options, storage, &o).barrier(o);
+    return HASTEN_OK;
+  });
+}
+
+// ABI 1.11: this rank's group along a mesh dimension.
+hasten_status host_group(const hasten_host_api* api, const char* name, const hasten_group** out, int32_t* rank,
+                         int32_t* size) noexcept {
+  return host_guard([&]() -> hasten_status {
+    if (name == nullptr || out == nullptr) return fail(HASTEN_ERR_INVALID_ARGUMENT, "group: name or out is NULL");
+    const ProcessGroups* groups = HostContext::from(api).groups;
+    if (groups == nullptr)
+      return fail(HASTEN_ERR_INVALID_USAGE, "group: this context has no device mesh (only a run's plugins have one)");
+    const ProcessGroups::Entry* e = groups->find(name);
+    if (e == nullptr)
+      return fail(HASTEN_ERR_INVALID_ARGUMENT,
+                  std::string("group: the device mesh has no group '") + name + "' (allowed: " + groups->names() + ")");
+    *out = reinterpret_cast<const hasten_group*>(e);
+    if (rank != nullptr) *rank = e->group.rank;
+    if (size != nullptr) *size = e->group.size();
     return HASTEN_OK;
   });
 }
@@ -223,6 +279,7 @@ HostContext::HostContext() {
   api.work_wait = &host_work_wait;
   api.work_free = &host_work_free;
   api.last_error = &host_last_error;
+  api.group = &host_group;
   install_option_lookups(api);
 }
 

@@ -10,6 +10,7 @@
 namespace hasten::detail {
 
 class Communicator;
+class ProcessGroups;
 class Store;
 
 // One table per context (one per Accelerator, plus one for the registry). The table is the
@@ -20,6 +21,7 @@ struct HostContext {
   int64_t timeout_ms = 1800 * 1000;
   Communicator* comm = nullptr;  // the run's collectives; nullptr: one process, no backend
   Store* store = nullptr;        // the rendezvous store; nullptr: none (one process)
+  const ProcessGroups* groups = nullptr;  // the device mesh's groups (host->group); nullptr: none yet
 
   HostContext();
   HostContext(const HostContext&) = delete;

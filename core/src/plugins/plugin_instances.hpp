@@ -49,6 +49,11 @@ class PluginInstance {
   }
   [[noreturn]] void fail(const char* op, hasten_status status) const;
 
+  // An instance the plugin made by other means than create (a comm plugin's split): of
+  // `same`'s plugin, owned (destroyed) by this handle.
+  PluginInstance(const PluginInstance& same, hasten_instance* adopted)
+      : plugin_(same.plugin_), instance_(adopted), preset_(same.preset_) {}
+
   const LoadedPlugin* plugin_;
   const LoadedPlugin::Vtable& vt() const { return plugin_->vt; }
   hasten_instance* instance_ = nullptr;

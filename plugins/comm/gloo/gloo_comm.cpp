@@ -23,6 +23,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -130,7 +131,7 @@ class GlooComm final : public hasten::sdk::Comm {
   static constexpr int32_t kDevices[] = {kDLCPU};
   static constexpr hasten_comm_serves serves = hasten::sdk::comm_serves(kDevices, HASTEN_COMM_SCOPE_ANY, 10);
 
-  GlooComm(const hasten_host_api* host, std::string_view options) : Comm(host) {
+  GlooComm(const hasten_host_api* host, std::string_view options) : Comm(host), options_(options) {
     // Options: {"hostname": "..."} picks the interface other ranks reach this one on.
     const hasten::sdk::Options o(host, options, "gloo", {"hostname"});
     hostname_ = o.text("hostname").value_or("");
@@ -145,7 +146,22 @@ class GlooComm final : public hasten::sdk::Comm {
     if (worker_.joinable()) worker_.join();
   }
 
+  // ABI 1.11: a group is a communicator of its own among its members (its rendezvous under the
+  // group's store prefix), with this one's options and deadlines. Every rank of this one calls
+  // it, so the members of each group connect while the others connect theirs.
+  Comm* split(const hasten_comm_split& split) override {
+    auto group = std::make_unique<GlooComm>(host(), options_);
+    hasten_comm_init init = init_;
+    init.rank = split.rank;
+    init.world_size = split.size;
+    init.store_prefix = split.store_prefix;
+    group->init(init);
+    return group.release();
+  }
+
   void init(const hasten_comm_init& init) override {
+    init_ = init;
+    init_.store_prefix = nullptr;  // borrowed for the call only
     rank_ = init.rank;
     world_ = init.world_size;
     timeout_ = ms(init.timeout_ms > 0 ? init.timeout_ms : 1800000);
@@ -434,6 +450,8 @@ class GlooComm final : public hasten::sdk::Comm {
     }
   }
 
+  std::string options_;  // as create() received them: a group's instance gets the same
+  hasten_comm_init init_{};
   std::string hostname_;
   int rank_ = 0, world_ = 1;
   ms timeout_{1800000};

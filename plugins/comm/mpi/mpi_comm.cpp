@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <functional>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -214,6 +215,26 @@ class MpiComm final : public hasten::sdk::Comm {
     check(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");  // collective: every rank is here
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     progress_ = std::thread([this] { progress(); });
+  }
+
+  // ABI 1.11: MPI_Comm_split of this communicator (collective over it, as the host's split is):
+  // the members of a color, ordered by their rank in the group.
+  Comm* split(const hasten_comm_split& split) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    check(MPI_Comm_split(comm_, split.color, split.rank, &sub), "MPI_Comm_split");
+    int rank = 0, size = 0;
+    MPI_Comm_rank(sub, &rank);
+    MPI_Comm_size(sub, &size);
+    if (rank != split.rank || size != split.size) {
+      MPI_Comm_free(&sub);
+      throw Error(HASTEN_ERR_INVALID_ARGUMENT, "mpi: the group of color " + std::to_string(split.color) + " has " +
+                                                   std::to_string(size) + " members and this rank is " +
+                                                   std::to_string(rank) + " in it; the host asked for rank " +
+                                                   std::to_string(split.rank) + " of " + std::to_string(split.size));
+    }
+    auto group = std::make_unique<MpiComm>(host(), "{}");
+    group->adopt(sub, timeout_ms_);
+    return group.release();
   }
 
   bool supports_device(int32_t device_type) override { return device_type == kDLCPU; }
@@ -429,6 +450,16 @@ class MpiComm final : public hasten::sdk::Comm {
         std::this_thread::sleep_for(std::chrono::microseconds(std::min(200, idle_rounds)));
       }
     }
+  }
+
+  // A group's communicator (split): owns `comm`, with the parent's deadline.
+  void adopt(MPI_Comm comm, int64_t timeout_ms) {
+    comm_ = comm;
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &world_);
+    timeout_ms_ = timeout_ms;
+    progress_ = std::thread([this] { progress(); });
   }
 
   std::string why_aborted() const {  // under mutex_

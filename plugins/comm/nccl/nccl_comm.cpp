@@ -323,7 +323,7 @@ class NcclComm final : public hasten::sdk::Comm {
   // CUDA buffers, ranks on any machines.
   static constexpr int32_t kDevices[] = {kDLCUDA};
   static constexpr hasten_comm_serves serves = hasten::sdk::comm_serves(kDevices, HASTEN_COMM_SCOPE_ANY, 30);
-  NcclComm(const hasten_host_api* host, std::string_view options) : Comm(host) {
+  NcclComm(const hasten_host_api* host, std::string_view options) : Comm(host), options_(options) {
     hasten::sdk::Options(host, options, "nccl", {});  // takes none: any key is an error naming it
   }
 
@@ -352,7 +352,25 @@ class NcclComm final : public hasten::sdk::Comm {
     // events_ is destroyed after this body.
   }
 
+  // ABI 1.11: a group is a communicator of its own among its members, on this rank's device, set
+  // up as init sets up the world's (a unique id published under the group's store prefix, so it
+  // works with every NCCL this plugin loads; ncclCommSplit, NCCL 2.18+, would share the parent's
+  // resources, and is not used yet). Every rank of this one calls it, so the members of each
+  // group connect while the others connect theirs.
+  Comm* split(const hasten_comm_split& split) override {
+    auto group = std::make_unique<NcclComm>(host(), options_);
+    hasten_comm_init init = init_;
+    init.rank = split.rank;
+    init.world_size = split.size;
+    init.store_prefix = split.store_prefix;
+    init.device_id = device_;
+    group->init(init);
+    return group.release();
+  }
+
   void init(const hasten_comm_init& init) override {
+    init_ = init;
+    init_.store_prefix = nullptr;  // borrowed for the call only
     // Everything that needs no GPU first: the NCCL versions and the arguments.
     const NcclVersion version = checked_nccl_version();
     if (init.world_size < 1 || init.rank < 0 || init.rank >= init.world_size)
@@ -848,6 +866,8 @@ class NcclComm final : public hasten::sdk::Comm {
     return *reinterpret_cast<Work*>(handle);
   }
 
+  std::string options_;  // as create() received them: a group's instance gets the same
+  hasten_comm_init init_{};
   int rank_ = 0, world_ = 1;
   int device_ = -1;  // this rank's CUDA ordinal; -1 until init picked it
   int64_t timeout_ms_ = 1800000;

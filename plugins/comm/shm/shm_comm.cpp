@@ -45,6 +45,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -199,7 +200,7 @@ class ShmComm final : public hasten::sdk::Comm {
   static constexpr int32_t kDevices[] = {kDLCPU};
   static constexpr hasten_comm_serves serves = hasten::sdk::comm_serves(kDevices, HASTEN_COMM_SCOPE_ONE_MACHINE, 20);
 
-  ShmComm(const hasten_host_api* host, std::string_view options) : Comm(host) {
+  ShmComm(const hasten_host_api* host, std::string_view options) : Comm(host), options_(options) {
     const hasten::sdk::Options o(host, options, "shm", {"buffer_mb"});
     if (const auto mb = o.number("buffer_mb")) {
       if (!(*mb >= 1 && *mb <= 4096))
@@ -214,7 +215,22 @@ class ShmComm final : public hasten::sdk::Comm {
     if (!my_name_.empty() && !unlinked_) ::shm_unlink(my_name_.c_str());
   }
 
+  // ABI 1.11: a group is a communicator of its own among its members (its rendezvous under the
+  // group's store prefix), with this one's options and deadlines. Every rank of this one calls
+  // it, so the members of each group connect while the others connect theirs.
+  Comm* split(const hasten_comm_split& split) override {
+    auto group = std::make_unique<ShmComm>(host(), options_);
+    hasten_comm_init init = init_;
+    init.rank = split.rank;
+    init.world_size = split.size;
+    init.store_prefix = split.store_prefix;
+    group->init(init);
+    return group.release();
+  }
+
   void init(const hasten_comm_init& init) override {
+    init_ = init;
+    init_.store_prefix = nullptr;  // borrowed for the call only
     rank_ = init.rank;
     world_ = init.world_size;
     timeout_ = std::chrono::milliseconds(init.timeout_ms > 0 ? init.timeout_ms : 1800000);
@@ -598,6 +614,8 @@ class ShmComm final : public hasten::sdk::Comm {
     }
   }
 
+  std::string options_;  // as create() received them: a group's instance gets the same
+  hasten_comm_init init_{};
   size_t capacity_ = 16u << 20;
   int rank_ = 0, world_ = 1;
   std::chrono::milliseconds timeout_{1800000};

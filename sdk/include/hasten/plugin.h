@@ -57,6 +57,9 @@
  *            log_histogram, log_table, routed to the trackers that have them).
  *     1.10   tracker slot run_info (Accelerator::get_tracker: what names the tracker's run in
  *            its own terms, such as an MLflow run id or a TensorBoard log directory).
+ *     1.11   process groups: hasten_group, hasten_coll_options.group, host->group (a rank's
+ *            group along a device-mesh dimension); comm slot split and hasten_comm_split
+ *            (a backend makes a communicator over a subset of its ranks).
  *
  * - Tensors in asynchronous calls: a DLTensor struct passed to any call (and its shape and
  *   strides arrays) is borrowed for the duration of the call only; a callee that needs them
@@ -98,7 +101,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------ */
 
 #define HASTEN_ABI_MAJOR 1
-#define HASTEN_ABI_MINOR 10
+#define HASTEN_ABI_MINOR 11
 /* Packed as (major << 16) | minor in every abi_version field. */
 #define HASTEN_ABI_VERSION ((uint32_t)((HASTEN_ABI_MAJOR << 16) | HASTEN_ABI_MINOR))
 #define HASTEN_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -173,6 +176,11 @@ typedef struct hasten_instance hasten_instance;
  * the host for host collectives); released with the matching work_free(). */
 typedef struct hasten_work hasten_work;
 
+/* Since 1.11. A process group: the ranks of the run along one dimension of its device mesh
+ * (host->group). Owned by the host, valid until the run ends; plugins only pass it back in
+ * hasten_coll_options.group. */
+typedef struct hasten_group hasten_group;
+
 /* Torch-tier handles. Each points at a LibTorch C++ object owned by the host and is borrowed
  * for the duration of the call: hasten_tensor is an at::Tensor, hasten_module a
  * torch::nn::Module, hasten_optimizer a torch::optim::Optimizer. Only torch-tier plugins,
@@ -202,6 +210,12 @@ typedef struct hasten_coll_options {
   HASTEN_STRUCT_HEADER;
   void* stream;       /* borrowed: a cudaStream_t for CUDA buffers, NULL for CPU or default  */
   int64_t timeout_ms; /* 0: the run's timeout                                               */
+  /* ---- Since 1.11 ---- */
+  /* Borrowed: the group a host collective runs over (host->group); NULL: every rank of the
+   * run. Ranks (a broadcast's root), sizes (an allgather's output) and the reduction are the
+   * group's. Only host collectives read it: the host hands a comm plugin the group's own
+   * communicator (comm slot split) with options whose group is NULL. */
+  const hasten_group* group;
 } hasten_coll_options;
 
 /*
@@ -298,6 +312,16 @@ struct hasten_host_api {
                                     const char* key, uint32_t index, char* buffer,
                                     size_t capacity, size_t* size, uint32_t* count,
                                     int32_t* found);
+
+  /* ---- Since 1.11: process groups (check host->struct_size before calling) ---- */
+  /* This rank's group along the device-mesh dimension `name` (the run's parallelism_config:
+   * "dp_replicate", "dp_shard", "tp", "cp", or "dp" for dp_replicate x dp_shard), its rank in
+   * it (*rank, may be NULL) and its size (*size, may be NULL). Members are ordered as in the
+   * world. A dimension of size 1 is this rank alone, one of the world's size is the world.
+   * HASTEN_ERR_INVALID_ARGUMENT, naming the mesh's dimensions, for another name. Static after
+   * the run's set-up: the host builds every group before any plugin is created. */
+  hasten_status (*group)(const hasten_host_api* host, const char* name, const hasten_group** out,
+                         int32_t* rank, int32_t* size);
 };
 
 /* ------------------------------------------------------------------------------------------ */
@@ -727,6 +751,17 @@ typedef struct hasten_comm_serves {
   int32_t priority; /* larger wins under `comm: auto`; first-party: shm 20, gloo 10, nccl 30 */
 } hasten_comm_serves;
 
+/* Since 1.11. A sub-communicator to make (comm slot split): the ranks that pass the same color
+ * form one group, ordered by `rank`. */
+typedef struct hasten_comm_split {
+  HASTEN_STRUCT_HEADER;
+  int32_t color;            /* >= 0: the group's number, the same on each of its members        */
+  int32_t rank;             /* this rank's rank in the group, 0..size-1 (distinct per member)   */
+  int32_t size;             /* members of the group                                             */
+  const char* store_prefix; /* borrowed for the call: prefix of the group's store keys, distinct
+                               per group and per split (the host's "hasten/group/<dim>/<color>/") */
+} hasten_comm_split;
+
 typedef struct hasten_comm_vtable {
   HASTEN_STRUCT_HEADER;
   /* Required. */
@@ -781,6 +816,15 @@ typedef struct hasten_comm_vtable {
    * See "Stream-ordered waits" above for what it orders, the buffers, failures and freeing.
    * A work already completed returns HASTEN_OK at once. NULL: the host blocks in work_wait. */
   hasten_status (*work_wait_stream)(hasten_instance* self, hasten_work* work, void* stream);
+  /* ---- Since 1.11 ---- */
+  /* Optional. Makes *out, a communicator of this plugin over the group `split` names: a new
+   * instance of this vtable, already connected (the host never calls init on it), whose
+   * collectives involve only the group's members, with ranks and sizes of the group. Collective
+   * over self: every rank of self calls it, in the same order relative to self's other
+   * operations, each with its own group (ncclCommSplit's and MPI_Comm_split's contract). The
+   * host destroys *out before self. NULL: the backend has no groups; the host then refuses, with
+   * one line, only a run whose device mesh needs groups (a dimension neither 1 nor the world). */
+  hasten_status (*split)(hasten_instance* self, const hasten_comm_split* split, hasten_instance** out);
 } hasten_comm_vtable;
 
 /* ------------------------------------------------------------------------------------------ */

@@ -537,6 +537,13 @@ class Comm : public PluginBase {
   }
   virtual void free_work(hasten_work* work) noexcept = 0;
   virtual void abort() noexcept {}
+  // ABI 1.11: override to answer split (process groups): return a new, connected instance of
+  // the plugin's class over the group `split` names (plugin.h, comm slot split); the host owns
+  // and destroys it. Without it the slot stays NULL and the host refuses meshes that need groups.
+  virtual Comm* split(const hasten_comm_split& split) {
+    (void)split;
+    throw Error(HASTEN_ERR_UNSUPPORTED, "split is not supported");
+  }
 };
 
 namespace detail {
@@ -617,6 +624,19 @@ constexpr hasten_comm_vtable make_comm_vtable() {
     detail::self<Comm>(i)->free_work(w);
   };
   vt.abort = [](hasten_instance* i) noexcept { detail::self<Comm>(i)->abort(); };
+  if constexpr (HASTEN_SDK_OVERRIDES(T, Comm, split))
+    vt.split = [](hasten_instance* i, const hasten_comm_split* s, hasten_instance** out) noexcept {
+      return detail::call<Comm>(i, [&](Comm& c) {
+        if (s == nullptr || out == nullptr) throw Error(HASTEN_ERR_INVALID_ARGUMENT, "split: split or out is NULL");
+        hasten_comm_split mine{};
+        std::memcpy(&mine, s, s->struct_size < sizeof mine ? s->struct_size : sizeof mine);
+        if (mine.color < 0 || mine.size < 1 || mine.rank < 0 || mine.rank >= mine.size)
+          throw Error(HASTEN_ERR_INVALID_ARGUMENT, "split: color " + std::to_string(mine.color) + ", rank " +
+                                                       std::to_string(mine.rank) + " of " + std::to_string(mine.size) +
+                                                       " (allowed: color >= 0, 0 <= rank < size)");
+        *out = reinterpret_cast<hasten_instance*>(c.split(mine));
+      });
+    };
   if constexpr (detail::declares_serves<T>::value) vt.serves = &T::serves;
   return vt;
 }

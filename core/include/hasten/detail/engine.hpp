@@ -40,6 +40,13 @@ namespace hasten::detail {
 
 struct PendingWork;
 
+// One process's group of the device mesh (DeviceMesh, ProcessGroup).
+struct MeshGroupView {
+  std::vector<int> ranks;  // members' world ranks, ascending
+  int rank = 0;            // this process's place in ranks
+  int size() const { return static_cast<int>(ranks.size()); }
+};
+
 // Accelerator::on_process / on_local_process: an index within [0, count).
 inline void check_process_index(const char* what, int index, int count) {
   if (index < 0 || index >= count)
@@ -180,6 +187,14 @@ class Engine {
   void reduce_scatter_into(torch::Tensor& output, const torch::Tensor& input, ReduceOp op);
   void broadcast_(torch::Tensor& tensor, int from);
   std::string backend_for(const torch::Device& device) const;
+  // The device mesh (parallelism_config) and collectives over one of its groups
+  // (comm/group_collectives.cpp).
+  std::vector<std::pair<std::string, int>> mesh_dims() const;
+  MeshGroupView mesh_group(const std::string& name) const;
+  void group_all_reduce_(const std::string& group, torch::Tensor& tensor, ReduceOp op);
+  torch::Tensor group_all_gather(const std::string& group, const torch::Tensor& tensor);
+  torch::Tensor group_reduce_scatter(const std::string& group, const torch::Tensor& tensor, ReduceOp op);
+  void group_broadcast_(const std::string& group, torch::Tensor& tensor, int from);
   void set_trigger();
   bool check_trigger();
   bool stop_requested();  // stop_signals.cpp
