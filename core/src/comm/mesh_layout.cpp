@@ -36,7 +36,7 @@ int MeshLayout::size(const std::string& name) const {
   return n;
 }
 
-MeshGroup MeshLayout::group(const std::string& name, int world_rank) const {
+GroupMembers MeshLayout::group(const std::string& name, int world_rank) const {
   const std::vector<int> mine = along(name);
   const size_t n = dims_.size();
   // Coordinates: the digits of the rank, tp (the last dimension) the fastest.
@@ -52,7 +52,7 @@ MeshGroup MeshLayout::group(const std::string& name, int world_rank) const {
       if (static_cast<size_t>(m) == d) return true;
     return false;
   };
-  MeshGroup g;
+  GroupMembers g;
   g.name = name;
   // The first member: this rank with its coordinates along the group's dimensions at 0; the
   // others vary those coordinates, outermost slowest, so `ranks` ascends.

@@ -16,7 +16,7 @@
 namespace hasten::detail {
 
 // One group of the mesh as one rank sees it.
-struct MeshGroup {
+struct GroupMembers {
   std::string name;        // "dp_replicate", "dp_shard", "cp", "tp" or "dp"
   std::vector<int> ranks;  // its members' world ranks, ascending (the group's rank order)
   int rank = 0;            // this rank's place in `ranks`
@@ -38,7 +38,7 @@ class MeshLayout {
   // The size of a dimension or group; throws UsageError naming the allowed ones otherwise.
   int size(const std::string& name) const;
   // world_rank's group along `name`.
-  MeshGroup group(const std::string& name, int world_rank) const;
+  GroupMembers group(const std::string& name, int world_rank) const;
   // "dp_replicate 2 x dp_shard 2" (the dimensions above 1; "dp_replicate 1" for one process).
   std::string describe() const;
 

@@ -18,7 +18,7 @@ class ProcessGroups {
   // One of this rank's groups. Its address is the hasten_group* plugins hold (stable: the map
   // never changes after construction).
   struct Entry {
-    MeshGroup group;
+    GroupMembers group;
     Communicator* comm = nullptr;  // the world's (a group of every rank), or one of owned_
   };
 

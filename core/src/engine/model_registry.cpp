@@ -31,18 +31,18 @@ size_t Engine::add_model(std::shared_ptr<torch::nn::Module> module) {
   Impl& s = *impl_;
   if (!module) throw UsageError("prepare: the model is null");
   Impl::stop_sharded_build(*this);  // models built from here on are built whole
-  // No strategy trains over a mesh of several dimensions yet (HSDP, tensor parallelism): each
-  // would treat the whole run as one data-parallel group and train something else than the
-  // mesh says. The mesh's groups still serve the program's own collectives (device_mesh()).
+  // No strategy trains over tensor or context parallelism yet: each would train the whole run
+  // as data parallel, something else than the mesh says. (A mesh of dp_replicate x dp_shard is
+  // data parallel over every process: ddp replicates over all of them, zero and fsdp shard
+  // within dp_shard and replicate across dp_replicate.) The mesh's groups still serve the
+  // program's own collectives (device_mesh()).
   {
-    int active = 0;
-    for (const auto& [dim, n] : s.groups->layout().dims()) active += n > 1 ? 1 : 0;
-    if (active > 1)
-      throw UsageError("prepare: parallelism_config makes a device mesh of " + s.groups->layout().describe() +
-                       ", and strategy '" + s.config.strategy +
-                       "' trains over every process as one data-parallel group; no strategy trains over a mesh of "
-                       "several dimensions yet (set one dimension; Accelerator::device_mesh() serves collectives "
-                       "over the groups)");
+    const auto& layout = s.groups->layout();
+    if (layout.size("tp") > 1 || layout.size("cp") > 1)
+      throw UsageError("prepare: parallelism_config makes a device mesh of " + layout.describe() +
+                       ", and no strategy trains over tensor parallelism yet (strategy '" + s.config.strategy +
+                       "' would train every process as one data-parallel group); set parallelism_config_tp_size "
+                       "to 1 (Accelerator::device_mesh() serves collectives over the groups)");
   }
   const size_t index = s.models.size();
   hasten_model_info info{};

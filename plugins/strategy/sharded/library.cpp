@@ -156,8 +156,7 @@ class FsdpStrategy final : public hasten::sdk::Strategy {
  public:
   FsdpStrategy(const hasten_host_api* host, std::string_view options)
       : Strategy(host),
-        impl_(host, hasten::sharded::parse_fsdp_options(host, options, hasten::sdk::process_info(host).num_nodes,
-                                                          kFsdpOptions, std::size(kFsdpOptions))) {}
+        impl_(host, hasten::sharded::parse_fsdp_options(host, options, kFsdpOptions, std::size(kFsdpOptions))) {}
   HASTEN_FORWARD_STRATEGY
 
  private:

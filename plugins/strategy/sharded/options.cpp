@@ -20,14 +20,18 @@ bool offload_to_cpu(const std::string& key, const std::optional<std::string>& de
   return device && *device == "cpu";
 }
 
-// FULL_SHARD -> 3, SHARD_GRAD_OP -> 2, NO_SHARD -> 0; hybrid sharding is plain sharding over
-// the ranks of one machine and needs process subgroups across machines.
-int stage_of(const std::string& key, const std::string& s, int num_nodes) {
-  if (s.rfind("HYBRID_SHARD", 0) == 0 && num_nodes > 1)
-    throw Error(HASTEN_ERR_UNSUPPORTED,
-                "fsdp: " + s + " across " + std::to_string(num_nodes) +
-                    " machines needs process subgroups, which hasten's comm layer does not have yet; use FULL_SHARD "
-                    "or SHARD_GRAD_OP");
+// FULL_SHARD -> 3, SHARD_GRAD_OP -> 2, NO_SHARD -> 0. The hybrid names shard within a machine and
+// replicate across machines: on one machine that is plain sharding; across machines it is HSDP,
+// which runs over the device mesh's dp_shard and dp_replicate groups (sharded_strategy.hpp), so
+// the mesh must be machines x processes per machine (`hybrid_mesh`).
+int stage_of(const std::string& key, const std::string& s, const hasten_process_info& info, bool hybrid_mesh) {
+  if (s.rfind("HYBRID_SHARD", 0) == 0 && info.num_nodes > 1 && !hybrid_mesh)
+    throw Error(HASTEN_ERR_INVALID_ARGUMENT,
+                "fsdp: " + s + " across " + std::to_string(info.num_nodes) +
+                    " machines shards within each machine and replicates across them, over the device mesh: set "
+                    "parallelism_config's parallelism_config_dp_replicate_size to " + std::to_string(info.num_nodes) +
+                    " (the machines) and parallelism_config_dp_shard_size to " + std::to_string(info.local_world_size) +
+                    " (the processes of each)");
   if (s == "FULL_SHARD" || s == "HYBRID_SHARD") return 3;
   if (s == "NO_SHARD") return 0;
   if (s == "SHARD_GRAD_OP" || s == "HYBRID_SHARD_ZERO2") return 2;
@@ -82,12 +86,15 @@ Options parse_zero_options(const hasten_host_api* host, std::string_view json, c
   return o;
 }
 
-Options parse_fsdp_options(const hasten_host_api* host, std::string_view json, int num_nodes,
-                           const hasten_option_spec* specs, size_t n_specs) {
+Options parse_fsdp_options(const hasten_host_api* host, std::string_view json, const hasten_option_spec* specs,
+                           size_t n_specs) {
   const sdk::Options in(host, json, specs, n_specs);
+  const hasten_process_info info = sdk::process_info(host);
+  const auto shard = sdk::mesh_group(host, "dp_shard"), replicate = sdk::mesh_group(host, "dp_replicate");
+  const bool hybrid_mesh = shard && replicate && replicate->size == info.num_nodes && shard->size == info.local_world_size;
   Options o;
   o.label = "fsdp";
-  o.stage = stage_of("sharding_strategy", in.text("sharding_strategy").value(), num_nodes);
+  o.stage = stage_of("sharding_strategy", in.text("sharding_strategy").value(), info, hybrid_mesh);
   // reshard_after_forward: FSDP2's boolean, or (FSDP1 files) a sharding strategy name.
   {
     std::optional<bool> flag;
@@ -98,7 +105,7 @@ Options parse_fsdp_options(const hasten_host_api* host, std::string_view json, i
       boolean = false;  // not a boolean: a name, or the host's message about the type
     }
     if (flag) o.reshard_after_forward = *flag;
-    if (!boolean) o.stage = stage_of("reshard_after_forward", in.text("reshard_after_forward").value(), num_nodes);
+    if (!boolean) o.stage = stage_of("reshard_after_forward", in.text("reshard_after_forward").value(), info, hybrid_mesh);
   }
   for (const char* key : {"offload_params", "cpu_offload"})
     if (auto offload = in.boolean(key)) o.offload_params = o.offload_optimizer = *offload;

@@ -23,6 +23,11 @@ torch::Tensor cpu_copy(const torch::Tensor& t) {
 void ShardedStrategy::state_dict(torch::nn::Module& module, int32_t kind, const Emit& emit) {
   Model& m = find(module);
   torch::NoGradGuard no_grad;
+  // HSDP: the full tensors come from world rank 0 alone (shard rank 0 of replica 0). Pieces
+  // (below, and optimizer_state) come from every rank, replicas included: each rank then reads
+  // back its own file in place, and a resharding load finds every piece whichever replicas it
+  // reads.
+  const bool writes = replica_ == 0;
   if (kind == 1) {
     // This rank's pieces of every parameter, named "<name>@<offset>:<length>".
     for (auto& u : m.units) {
@@ -45,14 +50,14 @@ void ShardedStrategy::state_dict(torch::nn::Module& module, int32_t kind, const 
     if (u.params.empty()) continue;
     const bool gathered_here = !u.params_live;
     gather_now(u);
-    if (rank_ == 0)
+    if (rank_ == 0 && writes)
       for (size_t i = 0; i < u.params.size(); ++i) {
         torch::Tensor copy = cpu_copy(u.params[i]);
         emit(u.names[i], copy);
       }
     if (gathered_here) free_params(u);
   }
-  if (rank_ == 0) {
+  if (rank_ == 0 && writes) {
     std::set<const void*> sharded;
     for (auto& u : m.units)
       for (auto& p : u.params) sharded.insert(p.unsafeGetTensorImpl());

@@ -26,6 +26,20 @@ ShardedStrategy::ShardedStrategy(const hasten_host_api* host, Options options)
   const auto info = sdk::process_info(host);
   rank_ = info.rank;
   world_ = info.world_size;
+  const auto shard = sdk::mesh_group(host, "dp_shard"), replicate = sdk::mesh_group(host, "dp_replicate");
+  // NO_SHARD (stage 0) keeps everything whole: its gradients are averaged over every rank.
+  if (options_.stage >= 1 && shard && replicate && shard->size > 1 && replicate->size > 1) {
+    rank_ = shard->rank;
+    world_ = shard->size;
+    shard_group_ = shard->handle;
+    replica_ = replicate->rank;
+    replicas_ = replicate->size;
+    replicate_group_ = replicate->handle;
+    if (info.rank == 0)
+      sdk::log(host, HASTEN_LOG_INFO, options_.label.c_str(),
+               "HSDP: shards within dp_shard groups of " + std::to_string(world_) + " ranks, replicated across " +
+                   std::to_string(replicas_) + " dp_replicate groups");
+  }
   peak_.struct_size = sizeof(peak_);
 }
 
@@ -295,13 +309,24 @@ void ShardedStrategy::launch_ready(Model& m) {
 
 void ShardedStrategy::launch(Unit& u) {
   if (u.params.empty() || !u.grads_live) return;
-  if (world_ > 1) u.flat_grad.div_(world_);  // average as DDP does: divide, then sum
+  const int ranks = world_ * replicas_;
+  if (ranks > 1) u.flat_grad.div_(ranks);  // average as DDP does: divide, then sum
   if (options_.stage >= 2) {
     u.reduced = pooled_empty(u.shard, u.flat_grad.options());
     count_peaks();
     DLTensor in = sdk::dl_view(u.flat_grad), out = sdk::dl_view(u.reduced);
-    collective(host()->reduce_scatter(host(), &in, &out, HASTEN_REDUCE_SUM, nullptr, &u.reduce_work),
+    const hasten_coll_options within = shard_options();
+    collective(host()->reduce_scatter(host(), &in, &out, HASTEN_REDUCE_SUM, &within, &u.reduce_work),
                "gradient reduce-scatter");
+    if (replicas_ > 1) {
+      // HSDP: the shard group's sum, then the replicas' sum of it, issued here in the planned
+      // order on every rank (the replicate group's collectives keep one order too).
+      wait(u.reduce_work, "gradient reduce-scatter");
+      DLTensor v = sdk::dl_view(u.reduced);
+      const hasten_coll_options across = sdk::group_options(replicate_group_);
+      collective(host()->allreduce(host(), &v, HASTEN_REDUCE_SUM, &across, &u.reduce_work),
+                 "gradient allreduce across replicas");
+    }
   } else {
     DLTensor v = sdk::dl_view(u.flat_grad);
     collective(host()->allreduce(host(), &v, HASTEN_REDUCE_SUM, nullptr, &u.reduce_work), "gradient allreduce");
@@ -419,7 +444,8 @@ void ShardedStrategy::begin_gather_into_live(Unit& u) {
   // only reads it, into another buffer).
   u.staging = u.master.to(u.flat.device(), u.flat.scalar_type(), /*non_blocking=*/u.master.is_pinned());
   DLTensor in = sdk::dl_view(u.staging), out = sdk::dl_view(u.flat);
-  collective(host()->allgather(host(), &in, &out, nullptr, &u.gather_work), "parameter allgather");
+  const hasten_coll_options within = shard_options();
+  collective(host()->allgather(host(), &in, &out, &within, &u.gather_work), "parameter allgather");
 }
 
 double ShardedStrategy::clip_grad_norm(torch::nn::Module& module, double max_norm, double norm_type) {
@@ -444,7 +470,8 @@ double ShardedStrategy::clip_grad_norm(torch::nn::Module& module, double max_nor
     local_t = !local_t.defined() ? part : inf ? torch::maximum(local_t, part) : local_t + part;
   }
   const double local = local_t.defined() ? std::max(0.0, local_t.item<double>()) : 0.0;
-  const double combined = sdk::allreduce_scalar(host(), local, inf ? HASTEN_REDUCE_MAX : HASTEN_REDUCE_SUM);
+  // Over the shard group: replicas hold the same shards and would count them again.
+  const double combined = sdk::allreduce_scalar(host(), local, inf ? HASTEN_REDUCE_MAX : HASTEN_REDUCE_SUM, shard_group_);
   const double total = inf ? combined : std::pow(combined, 1.0 / norm_type);
   const double coef = max_norm / (total + 1e-6);
   if (coef < 1.0)

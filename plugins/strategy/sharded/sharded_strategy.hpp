@@ -7,6 +7,10 @@
 //      produced them, and the full gradients are freed
 //   3  + parameters sharded at rest: a unit's parameters are gathered before its forward and
 //      again before its backward, and freed after each
+// HSDP: with a device mesh of dp_replicate x dp_shard (parallelism_config; fsdp's HYBRID_SHARD
+// across machines), everything above runs within the rank's dp_shard group, and each reduced
+// gradient shard is then summed across the dp_replicate group: shards stay inside a machine and
+// only 1/(shard group size) of the gradients crosses machines.
 // Offload keeps the float32 master shards, their gradients and the optimizer state on the CPU.
 //
 // Mechanics: each unit's parameters become views into one
@@ -53,8 +57,8 @@ struct Options {
 // descriptor's array, library.cpp): an absent key is its default_json there.
 Options parse_zero_options(const hasten_host_api* host, std::string_view json, const hasten_option_spec* specs,
                            size_t n_specs);
-Options parse_fsdp_options(const hasten_host_api* host, std::string_view json, int num_nodes,
-                           const hasten_option_spec* specs, size_t n_specs);
+Options parse_fsdp_options(const hasten_host_api* host, std::string_view json, const hasten_option_spec* specs,
+                           size_t n_specs);
 
 class ShardedStrategy final : public sdk::Strategy {
  public:
@@ -185,8 +189,18 @@ class ShardedStrategy final : public sdk::Strategy {
   torch::Device shard_device() const;
   void count_peaks();
 
+  // Options with the shard group (hasten_coll_options.group; NULL: every rank): what the
+  // parameter all-gathers and gradient reduce-scatters run over.
+  hasten_coll_options shard_options() const { return sdk::group_options(shard_group_); }
+
   Options options_;
+  // rank_ and world_ are the shard group's: every rank's, or under HSDP (a device mesh of
+  // dp_replicate x dp_shard, stages 1-3) the dp_shard group's. replica_ of replicas_ is the
+  // rank's place along dp_replicate (0 of 1 without HSDP): replicas hold the same shards.
   int rank_ = 0, world_ = 1;
+  int replica_ = 0, replicas_ = 1;
+  const hasten_group* shard_group_ = nullptr;      // NULL: every rank
+  const hasten_group* replicate_group_ = nullptr;  // HSDP only
   torch::Device device_{torch::kCPU};
   std::atomic<bool> in_backward_{false};
   std::vector<std::unique_ptr<Model>> models_;

@@ -74,7 +74,8 @@ void ShardedStrategy::begin_gather(Unit& u) {
   // allgather is ordered after: no host wait.
   u.staging = u.master.to(u.flat.device(), u.flat.scalar_type(), /*non_blocking=*/u.master.is_pinned());
   DLTensor in = sdk::dl_view(u.staging), out = sdk::dl_view(u.flat);
-  collective(host()->allgather(host(), &in, &out, nullptr, &u.gather_work), "parameter allgather");
+  const hasten_coll_options within = shard_options();
+  collective(host()->allgather(host(), &in, &out, &within, &u.gather_work), "parameter allgather");
   u.gathers_in_call = u.gather_work == nullptr;
 }
 

@@ -116,10 +116,35 @@ inline void check(const hasten_host_api* host, hasten_status status, const char*
   throw Error(status, message);
 }
 
-// Reduces one number across every rank through the host's collectives (the identity in a
-// one-process run). For the few decisions all ranks must share: a loss scaler's "found
-// inf/nan", a global gradient norm.
-inline double allreduce_scalar(const hasten_host_api* host, double value, hasten_reduce_op op) {
+// ABI 1.11: this rank's group along a dimension of the run's device mesh (host->group: "dp_replicate",
+// "dp_shard", "cp", "tp", "dp"); nullopt from a host before 1.11, which has no mesh (every
+// collective runs over every rank).
+struct MeshGroup {
+  const hasten_group* handle = nullptr;  // for hasten_coll_options.group
+  int32_t rank = 0;                      // this rank's place in the group
+  int32_t size = 1;
+};
+inline std::optional<MeshGroup> mesh_group(const hasten_host_api* host, const char* name) {
+  if (host == nullptr || host->struct_size < offsetof(hasten_host_api, group) + sizeof(host->group) || host->group == nullptr)
+    return std::nullopt;
+  MeshGroup g;
+  check(host, host->group(host, name, &g.handle, &g.rank, &g.size), "host->group");
+  return g;
+}
+// Options that run a host collective over `group` (NULL: every rank).
+inline hasten_coll_options group_options(const hasten_group* group) {
+  hasten_coll_options o{};
+  o.struct_size = sizeof(o);
+  o.abi_version = HASTEN_ABI_VERSION;
+  o.group = group;
+  return o;
+}
+
+// Reduces one number across every rank (or the ranks of `group`) through the host's
+// collectives (the identity in a one-process run). For the few decisions all ranks must share:
+// a loss scaler's "found inf/nan", a global gradient norm.
+inline double allreduce_scalar(const hasten_host_api* host, double value, hasten_reduce_op op,
+                               const hasten_group* group = nullptr) {
   if (process_info(host).world_size <= 1) return value;
   int64_t shape[1] = {1};
   DLTensor t{};
@@ -128,7 +153,8 @@ inline double allreduce_scalar(const hasten_host_api* host, double value, hasten
   t.ndim = 1;
   t.dtype = {kDLFloat, 64, 1};
   t.shape = shape;
-  check(host, host->allreduce(host, &t, op, nullptr, nullptr), "scalar allreduce");
+  const hasten_coll_options o = group_options(group);
+  check(host, host->allreduce(host, &t, op, group != nullptr ? &o : nullptr, nullptr), "scalar allreduce");
   return value;
 }
 
