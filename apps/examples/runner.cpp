@@ -70,6 +70,7 @@ struct Result {
   std::string strategy = "single";
   nlohmann::ordered_json memory;           // rank 0's memory report
   nlohmann::ordered_json memory_per_rank;  // every rank's
+  nlohmann::ordered_json comm;             // rank 0's collective bytes in the training loop
 };
 
 nlohmann::ordered_json to_json(const hasten::MemoryReport& m) {
@@ -250,6 +251,15 @@ Result train_hasten(const Args& a, int64_t batch, int64_t total) {
     }
   }
   bar.close();
+  {
+    // The training's collectives (prepare's broadcast included), before the summary's own.
+    const hasten::CommStats cs = acc.comm_stats();
+    auto side = [](const hasten::CommBytes& b) {
+      return nlohmann::ordered_json{{"allreduce", b.allreduce}, {"allgather", b.allgather},
+                                    {"reduce_scatter", b.reduce_scatter}, {"broadcast", b.broadcast}};
+    };
+    r.comm = {{"within_machine", side(cs.within_machine)}, {"across_machines", side(cs.across_machines)}};
+  }
   finish_device_work(acc.device());  // a GPU may still run the last steps the host queued
   r.timed_s = std::chrono::duration<double>(Clock::now() - t0).count();
   r.timed_steps = std::max<int64_t>(0, total - std::max(a.warmup, r.resumed_at));
@@ -348,6 +358,7 @@ int run(const Args& a) {
     rec["resumed_at"] = r.resumed_at;
     rec["memory"] = r.memory;
     rec["memory_per_rank"] = r.memory_per_rank;
+    rec["comm_bytes"] = r.comm;
   }
   if (a.json) {
     std::cout << rec.dump() << std::endl;

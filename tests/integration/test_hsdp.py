@@ -5,6 +5,9 @@ shard within each dp_shard group and replicate across dp_replicate (sharded_stra
   (within 1e-6 relative: the sums run in another order, two groups of two instead of four);
 - on two machines over loopback (two `hasten launch --num_machines 2` agents, 2 processes
   each, gloo), fsdp HYBRID_SHARD and HYBRID_SHARD_ZERO2 do the same, and say HSDP in the log;
+  the gradient bytes they hand to collectives across machines (Accelerator::comm_stats) are 1/2
+  (1 / processes per machine) of plain FULL_SHARD's over both machines, and no parameter
+  all-gather crosses machines;
 - a checkpoint of an HSDP run resumes to the straight run's parameters bit for bit, and one of
   plain zero3 on 4 processes loads under HSDP (the pieces resharded) to the same result;
 - HYBRID_SHARD across machines without that mesh is one line naming the sizes to set."""
@@ -54,12 +57,13 @@ def free_port():
 
 
 def two_machines(d, tag, strategy, extra=()):
+    """(losses, final parameters, both machines' output); rank 0's JSON summary in summaries[tag]."""
     out = os.path.join(d, tag)
     port = free_port()
     machines = [subprocess.Popen(
         h.hasten("launch", "--num_machines", "2", "--machine_rank", str(r), "--num_processes", "4",
                  "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--strategy", strategy,
-                 h.example()[0], *ARGS, "--params-out", out + ".st", "--losses-out", out + ".json", *extra),
+                 h.example()[0], *ARGS, "--json", "--params-out", out + ".st", "--losses-out", out + ".json", *extra),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     logs = []
     for r, m in enumerate(machines):
@@ -69,6 +73,9 @@ def two_machines(d, tag, strategy, extra=()):
                 other.kill()
             h.fail(f"{tag}: machine {r} exited {m.returncode}:\n{o}\n{e}")
         logs.append(o + e)
+    for line in logs[0].splitlines():
+        if line.removeprefix("[rank 0] ").startswith("{"):
+            summaries[tag] = json.loads(line.removeprefix("[rank 0] "))
     return read(out + ".json"), params(out + ".st"), "\n".join(logs)
 
 
@@ -93,6 +100,7 @@ def bitwise(what, a, b):
     print(f"ok: {what}: bit for bit")
 
 
+summaries = {}
 with tempfile.TemporaryDirectory() as d:
     os.environ["HASTEN_HOME"] = os.path.join(d, "home")
     for accum in ([], ["--gradient_accumulation_steps", "2", "--clip", "1.0"]):
@@ -109,6 +117,29 @@ with tempfile.TemporaryDirectory() as d:
                 if "HSDP: shards within dp_shard groups of 2 ranks" not in run[2]:
                     h.fail(f"{name} on 2 machines: the log does not say HSDP:\n{run[2]}")
                 close(f"fsdp {name} on 2 machines x 2 processes", ddp, run)
+            # The bytes that cross machines (Accelerator::comm_stats, rank 0, the training loop):
+            # plain FULL_SHARD over both machines reduce-scatters every gradient and all-gathers
+            # every parameter across them; HSDP sends across only its gradient shard's sum.
+            close("fsdp FULL_SHARD on 2 machines x 2 processes",
+                  ddp, two_machines(d, "FULL_SHARD", "fsdp", ["--set", HYBRID % "FULL_SHARD"]))
+            full, hsdp = summaries["FULL_SHARD"]["comm_bytes"], summaries["HYBRID_SHARD"]["comm_bytes"]
+            fa, ha = full["across_machines"], hsdp["across_machines"]
+            if ha["allgather"] != 0 or ha["reduce_scatter"] != 0:
+                h.fail(f"HSDP all-gathered or reduce-scattered across machines: {hsdp}")
+            if fa["allgather"] == 0 or fa["reduce_scatter"] == 0:
+                h.fail(f"FULL_SHARD over 2 machines shows no cross-machine all-gather or reduce-scatter: {full}")
+            ratio = ha["allreduce"] / fa["reduce_scatter"]
+            if not 0.49 <= ratio <= 0.51:
+                h.fail(f"HSDP's gradient bytes across machines are {ratio:.3f} of FULL_SHARD's (want 1/2): {hsdp} vs {full}")
+            if ha["broadcast"] != fa["broadcast"]:
+                h.fail(f"prepare's broadcast differs: {ha['broadcast']} vs {fa['broadcast']}")
+            steps = 20
+            total_full = (fa["allreduce"] + fa["allgather"] + fa["reduce_scatter"]) / steps
+            total_hsdp = (ha["allreduce"] + ha["allgather"] + ha["reduce_scatter"]) / steps
+            print(f"ok: bytes across machines per step (rank 0, payload): FULL_SHARD {total_full / 1e6:.3f} MB "
+                  f"(reduce-scatter {fa['reduce_scatter'] / steps / 1e6:.3f}, all-gather {fa['allgather'] / steps / 1e6:.3f}), "
+                  f"HSDP {total_hsdp / 1e6:.3f} MB (gradient-shard allreduce {ha['allreduce'] / steps / 1e6:.3f}); "
+                  f"gradients {ratio:.3f} of FULL_SHARD's, everything {total_hsdp / total_full:.3f}")
 
     # Checkpoints: an HSDP run's resumes bit for bit; a plain zero3 run's loads under HSDP.
     straight = one_machine(d, "straight", "zero3", [*MESH, "--project_dir", os.path.join(d, "p"), "--checkpoint_every", "10"])

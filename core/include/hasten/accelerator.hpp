@@ -282,6 +282,9 @@ class Accelerator {
   // The run's processes as a mesh of named dimensions (config key parallelism_config) and this
   // process's group along each, for collectives over part of the run (device_mesh.hpp).
   DeviceMesh device_mesh() const { return DeviceMesh(engine_); }
+  // The bytes this process has handed to collectives, within its machine and across machines
+  // (comm_stats.hpp): what a sharding layout costs in traffic, HSDP's against FULL_SHARD's.
+  CommStats comm_stats() const { return engine_->comm_stats(); }
   // In-place collectives on contiguous tensors (CPU tensors go to the CPU comm backend,
   // CUDA tensors to the GPU one). all_reduce_ returns at once; wait on the Work.
   Work all_reduce_(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) {

@@ -37,9 +37,11 @@ class Communicator {
   virtual WorkPtr broadcast(DLTensor& buffer, int root, const hasten_coll_options* options) = 0;
   virtual void barrier(const hasten_coll_options* options) = 0;
   // Process groups (ABI 1.11): a communicator over the ranks that pass the same color, in
-  // which this rank is `rank` of `size`; its store keys under store_prefix. Collective: every
-  // rank of this communicator calls it, in the same order. Outlived by this communicator.
-  virtual std::unique_ptr<Communicator> split(int color, int rank, int size, const std::string& store_prefix) = 0;
+  // which this rank is `rank` of `size`; its store keys under store_prefix; across_machines:
+  // its members are on several machines (what comm_stats counts its bytes as). Collective:
+  // every rank of this communicator calls it, in the same order. Outlived by this communicator.
+  virtual std::unique_ptr<Communicator> split(int color, int rank, int size, const std::string& store_prefix,
+                                              bool across_machines) = 0;
   // "" when split works; otherwise the backend that cannot split, named for a message.
   virtual std::string cannot_split() const = 0;
 };

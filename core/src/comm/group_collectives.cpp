@@ -29,6 +29,8 @@ using group_collectives::group_label;
 using group_collectives::group_require_contiguous;
 using group_collectives::group_op;
 
+CommStats Engine::comm_stats() const { return impl_->comm_counters ? impl_->comm_counters->snapshot() : CommStats{}; }
+
 std::vector<std::pair<std::string, int>> Engine::mesh_dims() const { return impl_->groups->layout().dims(); }
 
 MeshGroupView Engine::mesh_group(const std::string& name) const {

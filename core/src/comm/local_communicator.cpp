@@ -51,7 +51,7 @@ class LocalCommunicator final : public Communicator {
   }
   void barrier(const hasten_coll_options*) override {}
   // One process: its only group is itself.
-  std::unique_ptr<Communicator> split(int, int rank, int size, const std::string&) override {
+  std::unique_ptr<Communicator> split(int, int rank, int size, const std::string&, bool) override {
     if (rank != 0 || size != 1)
       throw Error("a one-process run has no group of " + std::to_string(size) + " ranks");
     return std::make_unique<LocalCommunicator>();

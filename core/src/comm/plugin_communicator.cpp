@@ -100,8 +100,10 @@ const hasten_coll_options* on_current_stream(const DLDevice& device, const haste
 
 class PluginCommunicator final : public Communicator {
  public:
-  PluginCommunicator(int rank, int world, std::unique_ptr<CommInstance> cpu, std::unique_ptr<CommInstance> gpu)
-      : rank_(rank), world_(world), cpu_(std::move(cpu)), gpu_(std::move(gpu)) {}
+  PluginCommunicator(int rank, int world, std::unique_ptr<CommInstance> cpu, std::unique_ptr<CommInstance> gpu,
+                     std::shared_ptr<CommCounters> counters, bool across_machines)
+      : rank_(rank), world_(world), cpu_(std::move(cpu)), gpu_(std::move(gpu)), counters_(std::move(counters)),
+        across_(across_machines) {}
   ~PluginCommunicator() override {
     gpu_.reset();
     cpu_.reset();
@@ -114,12 +116,14 @@ class PluginCommunicator final : public Communicator {
   }
   WorkPtr allreduce(DLTensor& b, hasten_reduce_op op, const hasten_coll_options* o) override {
     TraceRange range("hasten::allreduce");
+    counters_->add(across_, CommCounters::Allreduce, dl_nbytes(b));
     CommInstance& c = route(b.device);
     hasten_coll_options s;
     return wrap(&c, c.allreduce(b, op, on_current_stream(b.device, o, s)), b.device);
   }
   WorkPtr allgather(const DLTensor& in, DLTensor& out, const hasten_coll_options* o) override {
     TraceRange range("hasten::allgather");
+    counters_->add(across_, CommCounters::Allgather, dl_nbytes(out));
     CommInstance& c = route(in.device);
     hasten_coll_options s;
     return wrap(&c, c.allgather(in, out, on_current_stream(in.device, o, s)), in.device);
@@ -127,6 +131,7 @@ class PluginCommunicator final : public Communicator {
   WorkPtr reduce_scatter(const DLTensor& in, DLTensor& out, hasten_reduce_op op,
                          const hasten_coll_options* o) override {
     TraceRange range("hasten::reduce_scatter");
+    counters_->add(across_, CommCounters::ReduceScatter, dl_nbytes(in));
     CommInstance& c = route(in.device);
     hasten_coll_options s;
     if (c.has_reduce_scatter())
@@ -147,6 +152,7 @@ class PluginCommunicator final : public Communicator {
   }
   WorkPtr broadcast(DLTensor& b, int root, const hasten_coll_options* o) override {
     TraceRange range("hasten::broadcast");
+    counters_->add(across_, CommCounters::Broadcast, dl_nbytes(b));
     CommInstance& c = route(b.device);
     hasten_coll_options s;
     return wrap(&c, c.broadcast(b, root, on_current_stream(b.device, o, s)), b.device);
@@ -157,16 +163,18 @@ class PluginCommunicator final : public Communicator {
   }
   // Each backend of the run splits its own communicator (the CPU one, then the GPU one: the
   // same order on every rank); the group's communicator routes as this one does.
-  std::unique_ptr<Communicator> split(int color, int rank, int size, const std::string& store_prefix) override {
+  std::unique_ptr<Communicator> split(int color, int rank, int size, const std::string& store_prefix,
+                                      bool across_machines) override {
     if (const std::string which = cannot_split(); !which.empty())
       throw PluginError(which + ": has no process groups (comm slot split, ABI 1.11)");
-    auto cpu = cpu_->split(color, rank, size, store_prefix + "cpu/");
+    std::unique_ptr<CommInstance> cpu;
+    if (cpu_) cpu = cpu_->split(color, rank, size, store_prefix + "cpu/");
     std::unique_ptr<CommInstance> gpu;
     if (gpu_) gpu = gpu_->split(color, rank, size, store_prefix + "cuda/");
-    return std::make_unique<PluginCommunicator>(rank, size, std::move(cpu), std::move(gpu));
+    return std::make_unique<PluginCommunicator>(rank, size, std::move(cpu), std::move(gpu), counters_, across_machines);
   }
   std::string cannot_split() const override {
-    if (!cpu_->has_split()) return cpu_->label();
+    if (cpu_ && !cpu_->has_split()) return cpu_->label();
     if (gpu_ && !gpu_->has_split()) return gpu_->label();
     return "";
   }
@@ -185,13 +193,17 @@ class PluginCommunicator final : public Communicator {
   int rank_, world_;
   std::unique_ptr<CommInstance> cpu_;
   std::unique_ptr<CommInstance> gpu_;
+  std::shared_ptr<CommCounters> counters_;
+  bool across_;
 };
 
 }  // namespace
 
 std::unique_ptr<Communicator> make_plugin_communicator(int rank, int world, std::unique_ptr<CommInstance> cpu,
-                                                       std::unique_ptr<CommInstance> gpu) {
-  return std::make_unique<PluginCommunicator>(rank, world, std::move(cpu), std::move(gpu));
+                                                       std::unique_ptr<CommInstance> gpu,
+                                                       std::shared_ptr<CommCounters> counters, bool across_machines) {
+  return std::make_unique<PluginCommunicator>(rank, world, std::move(cpu), std::move(gpu), std::move(counters),
+                                              across_machines);
 }
 
 }  // namespace hasten::detail

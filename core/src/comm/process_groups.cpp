@@ -6,7 +6,8 @@
 
 namespace hasten::detail {
 
-ProcessGroups::ProcessGroups(MeshLayout layout, int world_rank, Communicator& world) : layout_(std::move(layout)) {
+ProcessGroups::ProcessGroups(MeshLayout layout, int world_rank, Communicator& world, int ranks_per_machine)
+    : layout_(std::move(layout)) {
   const int world_size = world.world_size();
   // Refused before any split: no rank connects a group that another rank will never join.
   std::vector<std::string> split_groups;
@@ -31,9 +32,11 @@ ProcessGroups::ProcessGroups(MeshLayout layout, int world_rank, Communicator& wo
     } else if (auto it = made.find(e.group.ranks); it != made.end()) {
       e.comm = it->second;
     } else {
+      const int per = ranks_per_machine > 0 ? ranks_per_machine : 1;
+      const bool across = e.group.ranks.front() / per != e.group.ranks.back() / per;
       owned_.push_back(n == 1 ? make_local_communicator()
                               : world.split(e.group.color, e.group.rank, n,
-                                            "hasten/group/" + name + "/" + std::to_string(e.group.color) + "/"));
+                                            "hasten/group/" + name + "/" + std::to_string(e.group.color) + "/", across));
       e.comm = owned_.back().get();
       made.emplace(e.group.ranks, e.comm);
     }

@@ -25,8 +25,10 @@ class ProcessGroups {
   // Collective: every rank of `world` builds the same groups in the same order. A group of
   // every rank is the world's communicator, one of a single rank a local one, any other a split
   // of the world's. Throws PluginError, one line naming the backend and the mesh, when a group
-  // needs a split the backend cannot make. `world` outlives this.
-  ProcessGroups(MeshLayout layout, int world_rank, Communicator& world);
+  // needs a split the backend cannot make. `world` outlives this. ranks_per_machine: the
+  // launchers give each machine that many consecutive ranks (machine m: m x n to m x n + n - 1),
+  // which says which groups span machines (comm_stats).
+  ProcessGroups(MeshLayout layout, int world_rank, Communicator& world, int ranks_per_machine);
 
   const MeshLayout& layout() const { return layout_; }
   // UsageError naming the groups for an unknown name.

@@ -62,15 +62,17 @@ Engine::Engine(const Options& options) : impl_(std::make_unique<Impl>()) {
     if (s.dl_device.device_type == kDLCUDA)
       gpu = open_comm_backend(kDLCUDA, backend(kDLCUDA), options(kDLCUDA), &s.host.api, s.process, s.host.timeout_ms,
                               rendezvous_ms, s.dl_device.device_id);
-    s.comm = make_plugin_communicator(s.process.rank, s.process.world_size, std::move(cpu), std::move(gpu));
+    s.comm_counters = std::make_shared<CommCounters>();
+    s.comm = make_plugin_communicator(s.process.rank, s.process.world_size, std::move(cpu), std::move(gpu),
+                                      s.comm_counters, s.process.num_nodes > 1);
     // The device mesh's groups connect through the store too (before setup_finished).
     s.groups = std::make_unique<ProcessGroups>(MeshLayout(s.config.parallelism, s.process.world_size),
-                                               s.process.rank, *s.comm);
+                                               s.process.rank, *s.comm, s.process.local_world_size);
     // Every store call of the set-up is made: rank 0's process may exit from here on.
     s.store->setup_finished();
   } else {
     s.comm = make_local_communicator();
-    s.groups = std::make_unique<ProcessGroups>(MeshLayout(s.config.parallelism, 1), 0, *s.comm);
+    s.groups = std::make_unique<ProcessGroups>(MeshLayout(s.config.parallelism, 1), 0, *s.comm, 1);
   }
   s.host.comm = s.comm.get();
   s.host.groups = s.groups.get();

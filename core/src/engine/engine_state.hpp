@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint_registry.hpp"
+#include "comm/comm_counters.hpp"
 #include "comm/communicator.hpp"
 #include "comm/pending_work.hpp"
 #include "comm/process_groups.hpp"
@@ -56,6 +57,8 @@ struct Engine::Impl {
   std::unique_ptr<Communicator> comm;
   // The device mesh's groups (parallelism_config), split from comm and destroyed before it.
   std::unique_ptr<ProcessGroups> groups;
+  // The bytes comm and the groups' communicators carried (comm_stats); null with one process.
+  std::shared_ptr<CommCounters> comm_counters;
   int64_t collective_seq = 0;  // debug mode: the n-th tensor collective of this rank
   bool trigger = false;        // set_trigger()'s flag until check_trigger() reads it
   // plugins/: the instances of this run's strategy and precision.

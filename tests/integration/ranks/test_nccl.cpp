@@ -543,7 +543,7 @@ void stream_wait_rank() {
   // The core: Communicator::allreduce after the current stream (the producer), Work::wait on
   // the current stream then (a pool stream, and LibTorch's default stream, whose handle is
   // NULL: the legacy default stream).
-  auto communicator = make_plugin_communicator(r, w, nullptr, std::move(me.comm));
+  auto communicator = make_plugin_communicator(r, w, nullptr, std::move(me.comm), std::make_shared<CommCounters>(), false);
   const c10::Stream default_stream = impl->getDefaultStream(dev);
   for (const auto& [waiter, name] : {std::pair{reader, "a pool stream"}, std::pair{default_stream, "the default stream"}}) {
     const std::string what = std::string("the core's Work::wait on ") + name;

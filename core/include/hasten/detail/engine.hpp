@@ -2,6 +2,7 @@
 // (prepared models, loaders, schedulers) call into it; users do not need it directly.
 #pragma once
 
+#include <hasten/comm_stats.hpp>
 #include <hasten/config.hpp>
 #include <hasten/data.hpp>
 #include <hasten/error.hpp>
@@ -187,6 +188,7 @@ class Engine {
   void reduce_scatter_into(torch::Tensor& output, const torch::Tensor& input, ReduceOp op);
   void broadcast_(torch::Tensor& tensor, int from);
   std::string backend_for(const torch::Device& device) const;
+  CommStats comm_stats() const;  // comm/group_collectives.cpp
   // The device mesh (parallelism_config) and collectives over one of its groups
   // (comm/group_collectives.cpp).
   std::vector<std::pair<std::string, int>> mesh_dims() const;
