@@ -391,6 +391,7 @@ void Engine::Impl::CheckpointLoad::apply_gradients(size_t i) {
 std::string Engine::load_state(const std::string& requested) try {
   TraceRange range("hasten::load_state");
   Impl& s = *impl_;
+  refuse_tensor_parallel_checkpoint(s.groups->layout().size("tp"), "load_state");
   if (!s.data.active.empty())
     throw UsageError("load_state: called while a prepared data loader is being iterated; call it after prepare and "
                      "before the loop (or set the config key resume: auto)");

@@ -120,6 +120,7 @@ std::vector<bool> Engine::Impl::run_state_pre_hooks(bool save, const std::string
 std::string Engine::save_state(const std::string& requested) {
   TraceRange range("hasten::save_state");
   Impl& s = *impl_;
+  refuse_tensor_parallel_checkpoint(s.groups->layout().size("tp"), "save_state");
   const int rank = s.process.rank, world = s.process.world_size;
   const bool main = rank == 0;
   const bool automatic = s.config.automatic_checkpoint_naming || requested.empty();

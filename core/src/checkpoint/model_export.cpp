@@ -153,6 +153,7 @@ namespace detail {
 
 void Engine::save_model(size_t model, const std::string& dir, uint64_t max_shard_bytes) {
   Impl& s = *impl_;
+  refuse_tensor_parallel_checkpoint(s.groups->layout().size("tp"), "save_model");
   const bool main = s.process.rank == 0;
   const fs::path target(dir);
   std::string failure;

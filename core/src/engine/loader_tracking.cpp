@@ -14,8 +14,10 @@ size_t Engine::add_loader(int64_t dataset_size, const DataLoaderOptions& options
   LoaderEntry e;
   e.spec.dataset_size = dataset_size;
   e.spec.options = options;
-  e.spec.world_size = s.process.world_size;
-  e.spec.rank = s.process.rank;
+  // Sharded over the mesh's `dp` group (every process by default): the ranks of a
+  // tensor-parallel group read the same samples.
+  e.spec.world_size = s.groups->get("dp").group.size();
+  e.spec.rank = s.groups->get("dp").group.rank;
   e.spec.even_batches = options.even_batches.value_or(s.config.even_batches);
   e.spec.split_batches = options.split_batches.value_or(s.config.split_batches);
   // Accelerate's default: a map-style loader is sharded, not dispatched.
@@ -32,8 +34,10 @@ size_t Engine::add_stream_loader(const DataLoaderOptions& options) {
   e.stream = true;
   e.spec.dataset_size = -1;
   e.spec.options = options;
-  e.spec.world_size = s.process.world_size;
-  e.spec.rank = s.process.rank;
+  // Sharded over the mesh's `dp` group (every process by default): the ranks of a
+  // tensor-parallel group read the same samples.
+  e.spec.world_size = s.groups->get("dp").group.size();
+  e.spec.rank = s.groups->get("dp").group.rank;
   e.spec.even_batches = options.even_batches.value_or(s.config.even_batches);
   e.spec.split_batches = options.split_batches.value_or(s.config.split_batches);
   // Accelerate's default: a stream (IterableDataset) is dispatched from rank 0.

@@ -31,18 +31,18 @@ size_t Engine::add_model(std::shared_ptr<torch::nn::Module> module) {
   Impl& s = *impl_;
   if (!module) throw UsageError("prepare: the model is null");
   Impl::stop_sharded_build(*this);  // models built from here on are built whole
-  // No strategy trains over tensor or context parallelism yet: each would train the whole run
-  // as data parallel, something else than the mesh says. (A mesh of dp_replicate x dp_shard is
-  // data parallel over every process: ddp replicates over all of them, zero and fsdp shard
-  // within dp_shard and replicate across dp_replicate.) The mesh's groups still serve the
-  // program's own collectives (device_mesh()).
+  // Tensor parallelism needs a strategy that keeps each parameter's replicas apart from its
+  // tensor-parallel shards: one built against ABI 1.11 or later reads the mesh (ddp averages over
+  // the `dp` group; zero and fsdp refuse tp themselves). An older one would average shards of
+  // different parameters across the tp group: refused here rather than trained wrong.
   {
     const auto& layout = s.groups->layout();
-    if (layout.size("tp") > 1 || layout.size("cp") > 1)
-      throw UsageError("prepare: parallelism_config makes a device mesh of " + layout.describe() +
-                       ", and no strategy trains over tensor parallelism yet (strategy '" + s.config.strategy +
-                       "' would train every process as one data-parallel group); set parallelism_config_tp_size "
-                       "to 1 (Accelerator::device_mesh() serves collectives over the groups)");
+    const PluginInfo& strategy = s.strategy->info();
+    if ((layout.size("tp") > 1 || layout.size("cp") > 1) && strategy.abi_major == 1 && strategy.abi_minor < 11)
+      throw UsageError("prepare: parallelism_config makes a device mesh of " + layout.describe() + ", and strategy '" +
+                       strategy.name + "' was built against plugin ABI 1." + std::to_string(strategy.abi_minor) +
+                       ", before process groups (1.11): it would average tensor-parallel shards as replicas; "
+                       "use a strategy built against 1.11 or later (ddp) or set parallelism_config_tp_size to 1");
   }
   const size_t index = s.models.size();
   hasten_model_info info{};

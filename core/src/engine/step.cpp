@@ -153,8 +153,20 @@ void Engine::backward(const torch::Tensor& loss, bool retain_graph) {
   s.join_reduce_after_backward();  // inside join_uneven_inputs (join.cpp)
 }
 
+namespace {
+// A norm of tensor-parallel shards is each rank's own part: clipping by it would scale each
+// rank's shards differently and their replicated parameters apart. Refused, not done wrong.
+void refuse_under_tensor_parallelism(const ProcessGroups& groups, const char* op) {
+  if (groups.layout().size("tp") > 1)
+    throw UsageError(std::string(op) + ": the device mesh has tp " + std::to_string(groups.layout().size("tp")) +
+                     ", and a gradient norm over tensor-parallel shards is not computed yet (clip_grad_value_ "
+                     "works: it is element-wise)");
+}
+}  // namespace
+
 double Engine::clip_grad_norm(size_t model, double max_norm, double norm_type) {
   Impl& s = *impl_;
+  refuse_under_tensor_parallelism(*s.groups, "clip_grad_norm_");
   unscale_gradients();
   ModelEntry& e = s.models.at(model);
   if (s.strategy->has_clip_grad_norm()) {
@@ -187,6 +199,7 @@ double Engine::clip_grad_norm(const std::vector<torch::Tensor>& parameters, doub
   // Accelerate's spelling, clip_grad_norm_(model->parameters(), ...): under a sharding
   // strategy the gradients are in the shards, so it means the model's clipping.
   if (auto m = model_of_parameters(parameters, "clip_grad_norm_")) return clip_grad_norm(*m, max_norm, norm_type);
+  refuse_under_tensor_parallelism(*impl_->groups, "clip_grad_norm_");
   unscale_gradients();
   return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
 }

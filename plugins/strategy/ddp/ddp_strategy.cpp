@@ -119,7 +119,14 @@ struct Model {
 class DdpStrategy final : public hasten::sdk::Strategy {
  public:
   DdpStrategy(const hasten_host_api* host, std::string_view options)
-      : Strategy(host), options_(parse_options(host, options)), world_(hasten::sdk::process_info(host).world_size) {}
+      : Strategy(host), options_(parse_options(host, options)), world_(hasten::sdk::process_info(host).world_size) {
+    // Under tensor parallelism (a device mesh with tp > 1) the replicas of a parameter are the
+    // ranks of its `dp` group: gradients are averaged, and rank 0's weights broadcast, over it.
+    if (const auto dp = hasten::sdk::mesh_group(host, "dp"); dp && dp->size < world_) {
+      group_ = dp->handle;
+      world_ = dp->size;
+    }
+  }
 
   ~DdpStrategy() override {
     for (auto& m : models_)
@@ -193,7 +200,9 @@ class DdpStrategy final : public hasten::sdk::Strategy {
     if (buffers && !module.buffers().empty()) broadcast_tensors(module.buffers());
   }
 
-  void broadcast_tensors(const std::vector<torch::Tensor>& tensors) { hasten::sdk::broadcast_from_rank0(host(), tensors); }
+  void broadcast_tensors(const std::vector<torch::Tensor>& tensors) {
+    hasten::sdk::broadcast_from_rank0(host(), tensors, group_);
+  }
 
   void build_buckets(Model& m) {
     m.bucket_of.assign(m.params.size(), 0);
@@ -276,7 +285,9 @@ class DdpStrategy final : public hasten::sdk::Strategy {
       Bucket& b = m.buckets[m.next++];
       if (world_ == 1) continue;
       b.flat.div_(world_);  // average as PyTorch DDP does: divide, then sum
-      run(host()->allreduce(host(), &b.view, HASTEN_REDUCE_SUM, nullptr, &b.work), "gradient allreduce");
+      const hasten_coll_options over = hasten::sdk::group_options(group_);
+      run(host()->allreduce(host(), &b.view, HASTEN_REDUCE_SUM, group_ != nullptr ? &over : nullptr, &b.work),
+          "gradient allreduce");
     }
   }
 
@@ -290,7 +301,8 @@ class DdpStrategy final : public hasten::sdk::Strategy {
   void run(hasten_status st, const char* what) { hasten::sdk::check(host(), st, what); }
 
   Options options_;
-  int world_;
+  int world_;                              // the replicas of a parameter: every rank, or the dp group's
+  const hasten_group* group_ = nullptr;    // the dp group under tensor parallelism; NULL: every rank
   std::atomic<bool> in_backward_{false};
   std::vector<std::unique_ptr<Model>> models_;
 };

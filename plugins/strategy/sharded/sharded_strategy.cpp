@@ -26,6 +26,10 @@ ShardedStrategy::ShardedStrategy(const hasten_host_api* host, Options options)
   const auto info = sdk::process_info(host);
   rank_ = info.rank;
   world_ = info.world_size;
+  if (const auto tp = sdk::mesh_group(host, "tp"); tp && tp->size > 1)
+    throw Error(HASTEN_ERR_UNSUPPORTED, options_.label + ": sharding a tensor-parallel mesh (tp " + std::to_string(tp->size) +
+                                            ") is not supported yet; use strategy ddp with tensor parallelism, or "
+                                            "parallelism_config_tp_size 1");
   const auto shard = sdk::mesh_group(host, "dp_shard"), replicate = sdk::mesh_group(host, "dp_replicate");
   // NO_SHARD (stage 0) keeps everything whole: its gradients are averaged over every rank.
   if (options_.stage >= 1 && shard && replicate && shard->size > 1 && replicate->size > 1) {

@@ -145,7 +145,12 @@ inline torch::Device torch_device(const DLDevice& d) {
 // device), of buckets of at most 16 MiB (a larger tensor alone and in place), in an order
 // that is the same on every rank, so a model's broadcast holds no second copy of the model.
 // Strategies call it at prepare so that all ranks start from the same weights. Collective.
-inline void broadcast_from_rank0(const hasten_host_api* host, const std::vector<at::Tensor>& tensors) {
+// group (ABI 1.11): over that group's ranks only, from its rank 0 (ddp under tensor
+// parallelism: each tensor-parallel rank's own replicas); NULL: every rank, from rank 0.
+inline void broadcast_from_rank0(const hasten_host_api* host, const std::vector<at::Tensor>& tensors,
+                                 const hasten_group* group = nullptr) {
+  const hasten_coll_options options = group_options(group);
+  const hasten_coll_options* o = group != nullptr ? &options : nullptr;
   constexpr size_t kBucketBytes = size_t{16} << 20;
   at::NoGradGuard no_grad;
   std::map<std::string, std::vector<at::Tensor>> groups;
@@ -157,13 +162,13 @@ inline void broadcast_from_rank0(const hasten_host_api* host, const std::vector<
     const auto flush = [&] {
       if (bucket.size() == 1 && bucket.front().is_contiguous()) {
         DLTensor v = dl_view(bucket.front());
-        check(host, host->broadcast(host, &v, 0, nullptr, nullptr), "broadcast of rank 0's weights");
+        check(host, host->broadcast(host, &v, 0, o, nullptr), "broadcast of rank 0's weights");
       } else if (!bucket.empty()) {
         std::vector<at::Tensor> parts;
         for (auto& t : bucket) parts.push_back(t.reshape(-1));
         at::Tensor flat = at::cat(parts);
         DLTensor v = dl_view(flat);
-        check(host, host->broadcast(host, &v, 0, nullptr, nullptr), "broadcast of rank 0's weights");
+        check(host, host->broadcast(host, &v, 0, o, nullptr), "broadcast of rank 0's weights");
         int64_t offset = 0;
         for (auto& t : bucket) {
           at::Tensor piece = flat.narrow(0, offset, t.numel()).view_as(t);

@@ -122,17 +122,6 @@ inline void check_mesh(int dp_replicate, int dp_shard, int tp) {
   } catch (const hasten::UsageError& e) {
     require(std::string(e.what()).find("not a rank of the group") != std::string::npos, e.what());
   }
-  // No strategy trains over tensor parallelism yet: prepare says so.
-  if (tp > 1) {
-    auto model = torch::nn::Linear(2, 2);
-    try {
-      acc.prepare(model);
-      require(false, "prepare accepted a tensor-parallel mesh");
-    } catch (const hasten::UsageError& e) {
-      require(std::string(e.what()).find("no strategy trains over tensor parallelism yet") != std::string::npos,
-              e.what());
-    }
-  }
 }
 
 }  // namespace hasten::test
