@@ -26,11 +26,13 @@
 namespace hasten {
 
 // One group of the mesh as this process sees it. Every member must call each collective, in
-// the same order (as with the Accelerator's own); other processes do not take part.
+// the same order (as with the Accelerator's own); other processes do not take part. It does not
+// keep the Accelerator alive (layers of a prepared model hold groups, and the Accelerator holds
+// the model): a collective after the Accelerator is gone is a UsageError.
 class ProcessGroup {
  public:
-  ProcessGroup(std::shared_ptr<detail::Engine> engine, std::string name)
-      : engine_(std::move(engine)), name_(std::move(name)), view_(engine_->mesh_group(name_)) {}
+  ProcessGroup(const std::shared_ptr<detail::Engine>& engine, std::string name)
+      : engine_(engine), name_(std::move(name)), view_(engine->mesh_group(name_)) {}
 
   const std::string& name() const { return name_; }
   // This process's rank in the group, 0..size()-1 (its place in ranks()).
@@ -41,19 +43,24 @@ class ProcessGroup {
 
   // In place: the members' tensors reduced (Avg divides by size()).
   void all_reduce_(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) const {
-    engine_->group_all_reduce_(name_, tensor, op);
+    engine()->group_all_reduce_(name_, tensor, op);
   }
   // The members' tensors concatenated along dim 0 in rank order (a scalar counts as [1]).
-  torch::Tensor all_gather(const torch::Tensor& tensor) const { return engine_->group_all_gather(name_, tensor); }
+  torch::Tensor all_gather(const torch::Tensor& tensor) const { return engine()->group_all_gather(name_, tensor); }
   // This member's part of the reduction: dim 0 (a multiple of size()) split in size() parts.
   torch::Tensor reduce_scatter(const torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) const {
-    return engine_->group_reduce_scatter(name_, tensor, op);
+    return engine()->group_reduce_scatter(name_, tensor, op);
   }
   // In place: the tensor of the member whose group rank is `from`.
-  void broadcast_(torch::Tensor& tensor, int from) const { engine_->group_broadcast_(name_, tensor, from); }
+  void broadcast_(torch::Tensor& tensor, int from) const { engine()->group_broadcast_(name_, tensor, from); }
 
  private:
-  std::shared_ptr<detail::Engine> engine_;
+  std::shared_ptr<detail::Engine> engine() const {
+    auto e = engine_.lock();
+    if (!e) throw UsageError("process group '" + name_ + "': the Accelerator that made it is gone");
+    return e;
+  }
+  std::weak_ptr<detail::Engine> engine_;
   std::string name_;
   detail::MeshGroupView view_;
 };

@@ -153,19 +153,23 @@ torch::Tensor drop_epoch_padding(const torch::Tensor& gathered, const torch::Ten
 
 torch::Tensor Engine::gather_for_metrics(const torch::Tensor& tensor) {
   Impl& s = *impl_;
-  torch::Tensor gathered = gather(tensor);
+  // Over the mesh's `dp` group, which the loaders shard over: the ranks of a tensor-parallel
+  // group hold the same samples (every process without tensor parallelism).
+  const int dp = s.groups->get("dp").group.size();
+  auto gather_dp = [&](const torch::Tensor& t) { return dp == s.process.world_size ? gather(t) : group_all_gather("dp", t); };
+  torch::Tensor gathered = gather_dp(tensor);
   const ActiveLoader* loader = s.data.innermost();
-  if (s.process.world_size == 1) return gathered;
+  if (dp == 1) return gathered;
   if ((loader == nullptr || loader->batch < 0) && s.data.finished)
     return drop_epoch_padding(gathered, tensor, s.data.loaders.at(*s.data.finished).last_plan);
   if (loader == nullptr || loader->batch < 0) return gathered;
   // Drop the padding that completed this round: each rank says how many of its trailing
   // samples pad, and the per-rank chunks are contiguous in rank order.
-  torch::Tensor pads = gather(torch::tensor({loader->num_padding}, torch::kLong));
+  torch::Tensor pads = gather_dp(torch::tensor({loader->num_padding}, torch::kLong));
   if (pads.sum().item<int64_t>() == 0) return gathered;
   const int64_t per_rank = tensor.dim() == 0 ? 1 : tensor.size(0);
   std::vector<torch::Tensor> keep;
-  for (int64_t r = 0; r < s.process.world_size; ++r) {
+  for (int64_t r = 0; r < dp; ++r) {
     const int64_t real = std::max<int64_t>(0, per_rank - pads[r].item<int64_t>());
     keep.push_back(gathered.narrow(0, r * per_rank, real));
   }

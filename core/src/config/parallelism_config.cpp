@@ -13,7 +13,9 @@ namespace {
 
 constexpr const char* kAllowed =
     "parallelism_config_dp_replicate_size, parallelism_config_dp_shard_size, parallelism_config_tp_size, "
-    "parallelism_config_cp_size";
+    "parallelism_config_cp_size, parallelism_config_sp_size and the context/sequence-parallel settings "
+    "Accelerate writes beside them (parallelism_config_cp_comm_strategy, _cp_backend, _sp_backend, _sp_seq_length, "
+    "_sp_seq_length_is_variable, _sp_attn_implementation)";
 
 // A size: a whole number from 1 to 1,000,000; a string of one (an environment or a quoted YAML
 // value) counts.
@@ -55,6 +57,21 @@ ParallelismConfig parse_parallelism(const json& value, const std::string& where)
       if (p.cp_size != 1)
         throw ConfigError("config error: " + where + ": parallelism_config_cp_size " + std::to_string(p.cp_size) +
                           " needs context parallelism, which hasten does not have yet (allowed: 1)");
+    } else if (key == "parallelism_config_sp_size") {
+      if (const int sp = size_of(it.value(), where, key); sp != 1)
+        throw ConfigError("config error: " + where + ": parallelism_config_sp_size " + std::to_string(sp) +
+                          " needs sequence parallelism, which hasten does not have yet (allowed: 1)");
+    } else if (key == "parallelism_config_cp_comm_strategy") {
+      // Accelerate writes it (default allgather) whatever cp_size is; it matters only with cp > 1.
+      const json& v = it.value();
+      if (!v.is_string() || (v.get<std::string>() != "allgather" && v.get<std::string>() != "alltoall"))
+        throw ConfigError("config error: " + where + ": parallelism_config_cp_comm_strategy must be allgather or "
+                          "alltoall, got '" + (v.is_string() ? v.get<std::string>() : v.dump()) + "'");
+    } else if (key == "parallelism_config_cp_backend" || key == "parallelism_config_sp_backend" ||
+               key == "parallelism_config_sp_seq_length" || key == "parallelism_config_sp_seq_length_is_variable" ||
+               key == "parallelism_config_sp_attn_implementation") {
+      // Settings of context and sequence parallelism, which matter only with cp or sp above 1:
+      // refused above, so these change nothing a run does (as in Accelerate with sizes of 1).
     } else {
       throw ConfigError("config error: " + where + ": unknown field '" + key + "' (allowed: " + kAllowed + ")");
     }

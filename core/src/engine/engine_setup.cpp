@@ -106,6 +106,9 @@ Engine::~Engine() {
   impl_->trackers.clear();
   impl_->precision.reset();
   impl_->strategy.reset();
+  // The groups' communicators go before the world's they were split from (plugin.h, split).
+  impl_->host.groups = nullptr;
+  impl_->groups.reset();
   impl_->host.comm = nullptr;
   impl_->comm.reset();
   impl_->host.store = nullptr;

@@ -136,6 +136,12 @@ void Engine::join_begin(const std::vector<size_t>& models, const JoinOptions& op
   Impl& s = *impl_;
   if (s.join.open)
     throw UsageError("join_uneven_inputs: a join scope is already live; join scopes do not nest");
+  // Join's rounds reduce and broadcast over every process: tensor-parallel shards would be
+  // summed with and overwritten by other ranks' shards.
+  if (s.groups->layout().size("tp") > 1)
+    throw UsageError("join_uneven_inputs: the device mesh has tp " + std::to_string(s.groups->layout().size("tp")) +
+                     ", and joining uneven inputs under tensor parallelism is not supported yet (even_batches, the "
+                     "default, gives every rank the same number of batches)");
   for (size_t m : models) s.models.at(m);  // every index names a prepared model
   const bool even = options.even_batches.value_or(s.config.even_batches);
   const bool sharded = s.strategy->has_state_dict();

@@ -9,6 +9,19 @@
 
 namespace hasten::detail {
 
+namespace {
+// Dispatching reads on rank 0 and broadcasts to every process, each keeping the slice of its
+// `dp` rank: under tensor parallelism every tp rank of dp rank 0 would read too. Refused until
+// dispatch reads on one rank per tp group.
+void refuse_dispatch_under_tensor_parallelism(const ProcessGroups& groups, bool dispatch) {
+  if (dispatch && groups.layout().size("tp") > 1)
+    throw UsageError("prepare: dispatch_batches under tensor parallelism (tp " +
+                     std::to_string(groups.layout().size("tp")) +
+                     ") is not supported yet; set dispatch_batches: false (a stream loader then reads on every "
+                     "process, each its own shard)");
+}
+}  // namespace
+
 size_t Engine::add_loader(int64_t dataset_size, const DataLoaderOptions& options) {
   Impl& s = *impl_;
   LoaderEntry e;
@@ -23,6 +36,7 @@ size_t Engine::add_loader(int64_t dataset_size, const DataLoaderOptions& options
   // Accelerate's default: a map-style loader is sharded, not dispatched.
   e.spec.dispatch_batches =
       s.process.world_size > 1 && options.dispatch_batches.value_or(s.config.dispatch_batches.value_or(false));
+  refuse_dispatch_under_tensor_parallelism(*s.groups, e.spec.dispatch_batches);
   e.num_batches = count_batches(e.spec);  // validates the spec now, at prepare
   s.data.loaders.push_back(e);
   return s.data.loaders.size() - 1;
@@ -43,6 +57,7 @@ size_t Engine::add_stream_loader(const DataLoaderOptions& options) {
   // Accelerate's default: a stream (IterableDataset) is dispatched from rank 0.
   e.spec.dispatch_batches =
       s.process.world_size > 1 && options.dispatch_batches.value_or(s.config.dispatch_batches.value_or(true));
+  refuse_dispatch_under_tensor_parallelism(*s.groups, e.spec.dispatch_batches);
   e.num_batches = make_stream_plan(e.spec, 0).num_batches;  // validates the spec now, at prepare
   s.data.loaders.push_back(e);
   return s.data.loaders.size() - 1;

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,10 +91,18 @@ TEST(DeviceMesh, BadConfigIsOneLine) {
   hasten::Options zero;
   zero.set = {{"parallelism_config.parallelism_config_dp_shard_size", "0"}};
   EXPECT_NE(message(zero).find("got '0'"), std::string::npos);
-  // Accelerate's spelling in --set: tp 1 x dp_shard 1 on one process is fine.
+  // Accelerate's spelling in --set: tp 1 x dp_shard 1 on one process is fine, and so is the
+  // context-parallel strategy Accelerate writes beside the sizes; sequence parallelism is not.
   hasten::Options fine;
-  fine.set = {{"parallelism_config.parallelism_config_tp_size", "1"}};
+  fine.set = {{"parallelism_config.parallelism_config_tp_size", "1"},
+              {"parallelism_config.parallelism_config_cp_comm_strategy", "allgather"}};
   EXPECT_EQ(message(fine), "no error");
+  hasten::Options strategy;
+  strategy.set = {{"parallelism_config.parallelism_config_cp_comm_strategy", "ring"}};
+  EXPECT_NE(message(strategy).find("must be allgather or alltoall, got 'ring'"), std::string::npos);
+  hasten::Options sp;
+  sp.set = {{"parallelism_config.parallelism_config_sp_size", "2"}};
+  EXPECT_NE(message(sp).find("needs sequence parallelism"), std::string::npos);
 }
 
 // The C example's shm backend built against the 1.10 header (no split): ddp trains over it,
@@ -132,4 +141,22 @@ TEST(DeviceMesh, PluginWithoutGroups) {
         }
       },
       with_ranks(4, {{"HASTEN_COMM", plugin}}));
+}
+
+// A group does not keep its Accelerator alive (a prepared model's layers hold groups, and the
+// Accelerator holds the model): used after the Accelerator is gone, it says so.
+TEST(DeviceMesh, GroupOutlivingItsAccelerator) {
+  hasten::test::isolate_home();
+  std::optional<hasten::ProcessGroup> group;
+  {
+    Accelerator acc;
+    group.emplace(acc.device_mesh().group("tp"));
+  }
+  auto t = torch::ones({1});
+  try {
+    group->all_reduce_(t);
+    FAIL() << "a group outliving its Accelerator ran a collective";
+  } catch (const hasten::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("the Accelerator that made it is gone"), std::string::npos) << e.what();
+  }
 }

@@ -3,7 +3,9 @@
 // ddp, trains 50 AdamW steps to the losses the one-process model has on the same batches, within
 // 1e-5, alone (tp 2) and with data parallelism (dp 2 x tp 2 on 4 processes); its split layers
 // hold 1/tp of the parameters; a prepared loader gives both ranks of a tp group the same
-// samples; zero/fsdp, clip_grad_norm_ and save_state refuse a tensor-parallel mesh in one line.
+// samples and gather_for_metrics gathers over dp; zero/fsdp, clip_grad_norm_, save_state,
+// join_uneven_inputs and dispatch_batches refuse a tensor-parallel mesh in one line; a group
+// outliving its Accelerator says so.
 #include <hasten/hasten.hpp>
 #include <hasten/tensor_parallel.hpp>
 
@@ -130,8 +132,14 @@ TEST(TensorParallel, LoaderShardsOverDataParallelRanks) {
                                 {.batch_size = 2});
         auto loader = acc.prepare(data);
         std::vector<int64_t> mine;
-        for (auto& b : loader)
+        std::vector<torch::Tensor> metrics;
+        for (auto& b : loader) {
           for (int64_t i = 0; i < b.target.size(0); ++i) mine.push_back(b.target[i].item<int64_t>());
+          metrics.push_back(acc.gather_for_metrics(b.target));  // over dp: each sample once
+        }
+        const auto every = torch::cat(metrics);
+        require(every.numel() == 16 && std::get<0>(every.sort()).equal(torch::arange(16)),
+                "gather_for_metrics under tp does not give each sample once");
         auto t = torch::tensor(mine);
         auto mesh = acc.device_mesh();
         auto partner = t.clone();
@@ -169,6 +177,21 @@ TEST(TensorParallel, RefusalsAreOneLine) {
           require(false, "clip_grad_norm_ under tp was accepted");
         } catch (const hasten::UsageError& e) {
           require(std::string(e.what()).find("tensor-parallel shards is not computed yet") != std::string::npos, e.what());
+        }
+        try {
+          auto scope = acc.join_uneven_inputs({model});
+          require(false, "join_uneven_inputs under tp was accepted");
+        } catch (const hasten::UsageError& e) {
+          require(std::string(e.what()).find("joining uneven inputs under tensor parallelism") != std::string::npos,
+                  e.what());
+        }
+        try {
+          hasten::DataLoader data(hasten::TensorDataset(torch::zeros({8, 1}), torch::zeros({8})),
+                                  {.batch_size = 2, .dispatch_batches = true});
+          auto loader = acc.prepare(data);
+          require(false, "dispatch_batches under tp was accepted");
+        } catch (const hasten::UsageError& e) {
+          require(std::string(e.what()).find("dispatch_batches under tensor parallelism") != std::string::npos, e.what());
         }
         hasten::test::TempDir dir;
         try {
