@@ -204,3 +204,28 @@ TEST(TensorParallel, RefusalsAreOneLine) {
       },
       with_ranks(2, {{"HASTEN_COMM", "shm"}}));
 }
+
+// A strategy built before process groups (ABI 1.10) cannot keep tensor-parallel shards apart
+// from replicas: prepare refuses it under tp, and accepts it without.
+TEST(TensorParallel, PreGroupsStrategyIsRefusedUnderTp) {
+  const std::string plugin = hasten::test::test_plugin("pre_groups", "libhasten-strategy-pre_groups.so");
+  hasten::launch(
+      [plugin] {
+        for (int tp : {2, 1}) {
+          hasten::Options o = mesh_options(1, 1, tp);
+          if (tp == 1) o.parallelism_config.reset();
+          o.strategy = plugin;
+          Accelerator acc(o);
+          auto net = torch::nn::Linear(2, 2);
+          try {
+            auto model = acc.prepare(net);
+            require(tp == 1, "a 1.10 strategy was accepted under tp 2");
+          } catch (const hasten::UsageError& e) {
+            require(tp == 2 && std::string(e.what()).find("built against plugin ABI 1.10, before process groups") !=
+                                   std::string::npos,
+                    e.what());
+          }
+        }
+      },
+      with_ranks(2, {{"HASTEN_COMM", "shm"}}));
+}
