@@ -15,6 +15,13 @@ In the ddp2 modes a fourth side runs: the PyTorch DDP peer's loop through Huggin
 (scripts/accelerate_peer.py: Accelerator.prepare, accumulate, backward; the same seed, batches
 and optimizer, losses bitwise the DDP peer's) under `accelerate launch`, 2 CPU processes on Gloo.
 
+--hsdp adds the two-machine rows: hasten-example (mlp-large by default) on two loopback machines of
+2 processes each (two `hasten launch --num_machines 2` agents, gloo), fsdp FULL_SHARD over all 4
+against HYBRID_SHARD over a dp_replicate 2 x dp_shard 2 mesh, interleaved round by round:
+steps/s and the payload bytes each rank hands to collectives across machines per step
+(Accelerator::comm_stats). On one host "across machines" is loopback, so the bytes are the
+figure that carries over to a real network; the speed is not.
+
 --fashion-mnist adds the real-data row: hasten-fashion-mnist trained with DDP under `hasten
 launch --num_processes 2` against scripts/fashion_mnist_torch.py (the same CNN, data order,
 optimizer and schedule in PyTorch, DistributedDataParallel on Gloo, 2 processes): samples/s of
@@ -119,6 +126,67 @@ def run_fashion_mnist(args, out_dir, env, log, raw):
     return records
 
 
+def run_hsdp(args, out_dir, env, log, raw):
+    """fsdp FULL_SHARD vs HYBRID_SHARD on two loopback machines of 2 processes, round by round."""
+    example = os.path.join(args.build, "bin", "hasten-example")
+    hasten = os.path.join(args.build, "bin", "hasten")
+    mesh = ["--set", "parallelism_config.parallelism_config_dp_replicate_size=2",
+            "--set", "parallelism_config.parallelism_config_dp_shard_size=2"]
+    sides = [("FULL_SHARD", ["--set", "strategy_options={sharding_strategy: FULL_SHARD}"]),
+             ("HYBRID_SHARD", ["--set", "strategy_options={sharding_strategy: HYBRID_SHARD}", *mesh])]
+    records = []
+    for r in range(args.repeats):
+        for name, extra in sides:
+            port = str(free_port())
+            cmds = [[hasten, "launch", "--num_machines", "2", "--machine_rank", str(m), "--num_processes", "4",
+                     "--main_process_ip", "127.0.0.1", "--main_process_port", port, "--strategy", "fsdp", example,
+                     "--workload", args.hsdp_workload, "--steps", str(args.hsdp_steps), "--warmup", "2", "--units",
+                     "--quiet", "--json", *extra] for m in (0, 1)]
+            procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for c in cmds]
+            outs = [p.communicate(timeout=3600) for p in procs]
+            log.write(f"$ {' '.join(cmds[0])}  (exit {procs[0].returncode}, {procs[1].returncode})\n{outs[0][1][-2000:]}\n")
+            if any(p.returncode != 0 for p in procs):
+                print(f"bench: error: hsdp {name} exited {[p.returncode for p in procs]}", file=sys.stderr)
+                continue
+            for line in outs[0][0].splitlines():
+                line = line.strip().removeprefix("[rank 0] ")
+                if line.startswith("{"):
+                    rec = json.loads(line)
+                    rec.update({"round": r, "impl": "hasten", "mode": name, "workload": args.hsdp_workload})
+                    records.append(rec)
+                    raw.write(json.dumps(rec) + "\n")
+                    raw.flush()
+                    print(f"  hsdp {name} round {r}: {rec['steps_per_s']:.2f} steps/s", file=sys.stderr)
+    return records
+
+
+def hsdp_table(args, records):
+    steps = args.hsdp_steps + 2  # comm_stats counts the warm-up steps too
+    lines = [f"### fsdp across two loopback machines x 2 processes, {args.hsdp_workload} (gloo)", "",
+             "Bytes: rank 0's collective payload per step across machines (comm_stats, the warm-up steps and "
+             "prepare's broadcast included, divided by all steps); speed: loopback, not a network.", "",
+             "| sharding | steps/s | vs FULL_SHARD | across machines MB/step | of which gradients | all-gathers | "
+             "within a machine MB/step | bytes across vs FULL_SHARD |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    by = lambda name: {rec["round"]: rec for rec in records if rec["mode"] == name}
+    full, hybrid = by("FULL_SHARD"), by("HYBRID_SHARD")
+    across = lambda rec: sum(rec["comm_bytes"]["across_machines"].values()) / steps / 1e6
+    for name, runs in (("FULL_SHARD", full), ("HYBRID_SHARD", hybrid)):
+        if not runs:
+            continue
+        one = next(iter(runs.values()))
+        a = one["comm_bytes"]["across_machines"]
+        grads = (a["reduce_scatter"] + a["allreduce"]) / steps / 1e6
+        within = sum(one["comm_bytes"]["within_machine"].values()) / steps / 1e6
+        speed = median([x["steps_per_s"] for x in runs.values()])
+        vs = median([runs[r]["steps_per_s"] / full[r]["steps_per_s"] for r in runs if r in full])
+        bytes_vs = median([across(runs[r]) / across(full[r]) for r in runs if r in full])
+        lines.append(f"| {name} | {fmt(speed, 2)} | {fmt(vs, 2)} | {fmt(across(one), 3)} | {fmt(grads, 3)} | "
+                     f"{fmt(a['allgather'] / steps / 1e6, 3)} | {fmt(within, 3)} | {fmt(bytes_vs, 3)} |")
+    lines.append("")
+    return lines
+
+
 def fashion_mnist_table(args, records):
     by = lambda impl: {rec["round"]: rec for rec in records if rec["impl"] == impl}
     h, t = by("hasten"), by("torch")
@@ -151,6 +219,10 @@ def main():
     ap.add_argument("--no-data-workers", action="store_true", help="skip the data-bound loop (DataLoader num_workers)")
     ap.add_argument("--fashion-mnist", action="store_true",
                     help="also hasten-fashion-mnist (ddp) vs scripts/fashion_mnist_torch.py (PyTorch DDP)")
+    ap.add_argument("--hsdp", action="store_true",
+                    help="also fsdp FULL_SHARD vs HYBRID_SHARD on two loopback machines x 2 processes")
+    ap.add_argument("--hsdp-workload", default="mlp-large", help="hasten-example workload of the --hsdp rows")
+    ap.add_argument("--hsdp-steps", type=int, default=10, help="timed steps of each --hsdp run")
     ap.add_argument("--fmnist-epochs", type=int, default=1, help="Fashion-MNIST epochs (default 1)")
     ap.add_argument("--fmnist-max-steps", type=int, default=0, help="Fashion-MNIST step limit (0: the whole epochs)")
     ap.add_argument("--fmnist-processes", type=int, default=2, help="processes of each Fashion-MNIST side")
@@ -211,6 +283,7 @@ def main():
     fmnist = []
     if args.fashion_mnist:
         fmnist = run_fashion_mnist(args, out_dir, env, log, raw)
+    hsdp = run_hsdp(args, out_dir, env, log, raw) if args.hsdp else []
     collectives = []
     if not args.no_collectives:
         collectives += run_json([bench, "--collectives"], env, log)
@@ -254,6 +327,8 @@ def main():
         lines.append("")
     if fmnist:
         lines += fashion_mnist_table(args, fmnist)
+    if hsdp:
+        lines += hsdp_table(args, hsdp)
     if collectives:
         lines += ["### Collectives, 2 ranks, float32 (GB/s = bytes per rank / median time of the slowest rank)", "",
                   "copy ms: a plain memcpy of the bytes each rank must move (allreduce: its buffer; allgather: the "

@@ -18,7 +18,10 @@ fi
 # Real data: one epoch of Fashion-MNIST, hasten DDP vs PyTorch DDP on 2 processes.
 "$python" scripts/bench.py --build "$build" --repeats 3 --workloads --no-collectives --fashion-mnist \
     --fmnist-epochs 1 --out "$out/fashion-mnist"
+# fsdp across two loopback machines: FULL_SHARD vs HSDP (HYBRID_SHARD over a 2 x 2 mesh).
+"$python" scripts/bench.py --build "$build" --repeats 3 --workloads --no-collectives --no-data-workers --hsdp \
+    --out "$out/hsdp"
 "$python" scripts/bench.py --build "$build" --workloads --modes --out "$out/collectives"
 cat "$out/mlp-small/benchmarks.md" "$out/gpt-tiny/benchmarks.md" "$out/mlp-large/benchmarks.md" \
-    "$out/fashion-mnist/benchmarks.md" "$out/collectives/benchmarks.md" > "$out/benchmarks.md"
+    "$out/fashion-mnist/benchmarks.md" "$out/hsdp/benchmarks.md" "$out/collectives/benchmarks.md" > "$out/benchmarks.md"
 echo "written: $out/benchmarks.md"
