@@ -56,15 +56,20 @@ def free_port():
         return s.getsockname()[1]
 
 
+def start_two_machines(strategy, program_args):
+    """Two `hasten launch --num_machines 2` agents of 2 processes each on this host."""
+    port = free_port()
+    return [subprocess.Popen(
+        h.hasten("launch", "--num_machines", "2", "--machine_rank", str(r), "--num_processes", "4",
+                 "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--strategy", strategy,
+                 h.example()[0], *ARGS, *program_args),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+
+
 def two_machines(d, tag, strategy, extra=()):
     """(losses, final parameters, both machines' output); rank 0's JSON summary in summaries[tag]."""
     out = os.path.join(d, tag)
-    port = free_port()
-    machines = [subprocess.Popen(
-        h.hasten("launch", "--num_machines", "2", "--machine_rank", str(r), "--num_processes", "4",
-                 "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--strategy", strategy,
-                 h.example()[0], *ARGS, "--json", "--params-out", out + ".st", "--losses-out", out + ".json", *extra),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    machines = start_two_machines(strategy, ["--json", "--params-out", out + ".st", "--losses-out", out + ".json", *extra])
     logs = []
     for r, m in enumerate(machines):
         o, e = m.communicate(timeout=600)
@@ -159,12 +164,7 @@ with tempfile.TemporaryDirectory() as d:
     close("plain zero3's step-10 checkpoint resumed under HSDP", plain, (plain[0][:10] + hybrid[0][-10:], hybrid[1], ""))
 
     # HYBRID_SHARD across machines needs the mesh: one line naming the sizes.
-    port = free_port()
-    machines = [subprocess.Popen(
-        h.hasten("launch", "--num_machines", "2", "--machine_rank", str(r), "--num_processes", "4",
-                 "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--strategy", "fsdp",
-                 h.example()[0], *ARGS, "--set", HYBRID % "HYBRID_SHARD"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    machines = start_two_machines("fsdp", ["--set", HYBRID % "HYBRID_SHARD"])
     outs = [m.communicate(timeout=300) for m in machines]
     if machines[0].returncode == 0:
         h.fail("HYBRID_SHARD across 2 machines without a mesh was accepted")

@@ -34,9 +34,6 @@ namespace hasten::tp {
 torch::Tensor copy_to_group(const torch::Tensor& x, const ProcessGroup& group);
 // Forward: x summed over the group; backward: the gradient itself (after a row-parallel layer).
 torch::Tensor reduce_from_group(const torch::Tensor& x, const ProcessGroup& group);
-// Forward: the members' x concatenated along `dim` in group order; backward: this member's
-// slice of the gradient.
-torch::Tensor gather_from_group(const torch::Tensor& x, const ProcessGroup& group, int64_t dim);
 
 // [begin, end) of this member's part of `n` things (n divisible by the group's size, else
 // UsageError naming `what`).

@@ -36,18 +36,6 @@ torch::Tensor reduce_from_group(const torch::Tensor& x, const ProcessGroup& grou
   return with_identity_gradient(r, x);
 }
 
-torch::Tensor gather_from_group(const torch::Tensor& x, const ProcessGroup& group, int64_t dim) {
-  if (group.size() == 1) return x;
-  dim = dim < 0 ? dim + x.dim() : dim;
-  const int64_t k = x.size(dim);
-  torch::Tensor gathered = group.all_gather(x.detach().movedim(dim, 0).contiguous()).movedim(0, dim);
-  if (!x.requires_grad()) return gathered;
-  // x placed at its slice of zeros: its gradient is that slice of the output's.
-  torch::Tensor placed = torch::zeros_like(gathered);
-  placed.narrow(dim, group.rank() * k, k).copy_(x);
-  return gathered + (placed - placed.detach());
-}
-
 std::pair<int64_t, int64_t> part_of(int64_t n, const ProcessGroup& group, const std::string& what) {
   const int64_t size = group.size();
   if (n % size != 0)

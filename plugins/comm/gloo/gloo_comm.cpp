@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "buffers.hpp"
+#include "group_connect.hpp"
 #include "reduce_kernels.hpp"
 
 namespace {
@@ -146,17 +147,9 @@ class GlooComm final : public hasten::sdk::Comm {
     if (worker_.joinable()) worker_.join();
   }
 
-  // ABI 1.11: a group is a communicator of its own among its members (its rendezvous under the
-  // group's store prefix), with this one's options and deadlines. Every rank of this one calls
-  // it, so the members of each group connect while the others connect theirs.
+  // ABI 1.11: a group is a communicator of its own among its members (group_connect.hpp).
   Comm* split(const hasten_comm_split& split) override {
-    auto group = std::make_unique<GlooComm>(host(), options_);
-    hasten_comm_init init = init_;
-    init.rank = split.rank;
-    init.world_size = split.size;
-    init.store_prefix = split.store_prefix;
-    group->init(init);
-    return group.release();
+    return hasten::comm::connect_group<GlooComm>(host(), options_, init_, split);
   }
 
   void init(const hasten_comm_init& init) override {

@@ -114,6 +114,7 @@
 #include <vector>
 
 #include "buffers.hpp"
+#include "group_connect.hpp"
 
 namespace {
 
@@ -352,20 +353,14 @@ class NcclComm final : public hasten::sdk::Comm {
     // events_ is destroyed after this body.
   }
 
-  // ABI 1.11: a group is a communicator of its own among its members, on this rank's device, set
-  // up as init sets up the world's (a unique id published under the group's store prefix, so it
-  // works with every NCCL this plugin loads; ncclCommSplit, NCCL 2.18+, would share the parent's
-  // resources, and is not used yet). Every rank of this one calls it, so the members of each
-  // group connect while the others connect theirs.
+  // ABI 1.11: a group is a communicator of its own among its members (group_connect.hpp), on
+  // this rank's device, set up as init sets up the world's (a unique id published under the
+  // group's store prefix, so it works with every NCCL this plugin loads; ncclCommSplit, NCCL
+  // 2.18+, would share the parent's resources, and is not used yet).
   Comm* split(const hasten_comm_split& split) override {
-    auto group = std::make_unique<NcclComm>(host(), options_);
     hasten_comm_init init = init_;
-    init.rank = split.rank;
-    init.world_size = split.size;
-    init.store_prefix = split.store_prefix;
-    init.device_id = device_;
-    group->init(init);
-    return group.release();
+    init.device_id = device_;  // the device this rank runs on, whoever picked it
+    return hasten::comm::connect_group<NcclComm>(host(), options_, init, split);
   }
 
   void init(const hasten_comm_init& init) override {

@@ -57,6 +57,7 @@
 #endif
 
 #include "buffers.hpp"
+#include "group_connect.hpp"
 #include "reduce_kernels.hpp"
 
 namespace {
@@ -215,17 +216,9 @@ class ShmComm final : public hasten::sdk::Comm {
     if (!my_name_.empty() && !unlinked_) ::shm_unlink(my_name_.c_str());
   }
 
-  // ABI 1.11: a group is a communicator of its own among its members (its rendezvous under the
-  // group's store prefix), with this one's options and deadlines. Every rank of this one calls
-  // it, so the members of each group connect while the others connect theirs.
+  // ABI 1.11: a group is a communicator of its own among its members (group_connect.hpp).
   Comm* split(const hasten_comm_split& split) override {
-    auto group = std::make_unique<ShmComm>(host(), options_);
-    hasten_comm_init init = init_;
-    init.rank = split.rank;
-    init.world_size = split.size;
-    init.store_prefix = split.store_prefix;
-    group->init(init);
-    return group.release();
+    return hasten::comm::connect_group<ShmComm>(host(), options_, init_, split);
   }
 
   void init(const hasten_comm_init& init) override {

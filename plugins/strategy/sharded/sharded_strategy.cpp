@@ -12,15 +12,6 @@ namespace hasten::sharded {
 
 using sdk::Error;
 
-namespace {
-
-uint64_t bytes_of(const torch::Tensor& t) {
-  return t.defined() ? static_cast<uint64_t>(t.numel()) * t.element_size() : 0;
-}
-
-
-}  // namespace
-
 ShardedStrategy::ShardedStrategy(const hasten_host_api* host, Options options)
     : Strategy(host), options_(std::move(options)) {
   const auto info = sdk::process_info(host);
@@ -482,43 +473,6 @@ double ShardedStrategy::clip_grad_norm(torch::nn::Module& module, double max_nor
     for (auto& u : m.units)
       if (u.shard_grad.defined()) u.shard_grad.mul_(coef);
   return total;
-}
-
-// ---- reports and state dicts --------------------------------------------------------------
-
-void ShardedStrategy::count_peaks() {
-  hasten_memory_report now{};
-  now.struct_size = sizeof(now);
-  memory_report(now);
-}
-
-void ShardedStrategy::memory_report(hasten_memory_report& out) {
-  uint64_t params = 0, shards = 0, grads = 0, optimizer = 0;
-  for (auto& m : models_) {
-    for (auto& p : m->frozen) params += bytes_of(p);
-    for (auto& u : m->units) {
-      if (u.params.empty()) continue;
-      if (u.params_live || u.gathering) params += bytes_of(u.flat);  // a prefetch holds its buffer too
-      if (u.staging.defined() && !u.staging.is_same(u.master)) shards += bytes_of(u.staging);
-      shards += bytes_of(u.master);
-      if (u.grads_live) grads += bytes_of(u.flat_grad);
-      if (options_.stage >= 2) grads += bytes_of(u.shard_grad);  // stage 1's is a view of flat_grad
-      grads += bytes_of(u.reduced);
-    }
-  }
-  for (auto* o : optimizers_) optimizer += sdk::optimizer_state_bytes(*o);
-  peak_.peak_params = std::max(peak_.peak_params, params);
-  peak_.peak_param_shards = std::max(peak_.peak_param_shards, shards);
-  peak_.peak_grads = std::max(peak_.peak_grads, grads);
-  peak_.peak_optimizer = std::max(peak_.peak_optimizer, optimizer);
-  out.params = params;
-  out.param_shards = shards;
-  out.grads = grads;
-  out.optimizer = optimizer;
-  out.peak_params = peak_.peak_params;
-  out.peak_param_shards = peak_.peak_param_shards;
-  out.peak_grads = peak_.peak_grads;
-  out.peak_optimizer = peak_.peak_optimizer;
 }
 
 }  // namespace hasten::sharded

@@ -1,6 +1,7 @@
 // The memory of a sharding strategy's units: their flat buffers freed and allocated (pooled on
 // the CPU), parameters gathered into them and released, gradient buffers attached to and taken
-// from the parameters, and the check that the model still lives in the strategy's storage.
+// from the parameters, the check that the model still lives in the strategy's storage, and the
+// memory report of all of it.
 #include "sharded_strategy.hpp"
 #include "storage_views.hpp"
 
@@ -212,6 +213,49 @@ void ShardedStrategy::check_params(const Model& m, const Unit& u) const {
                   options_.label + ": parameter '" + u.names[i] +
                       "' no longer lives in the strategy's storage: the model was moved (module->to()) or its "
                       "parameters were replaced after prepare; move or load the model before prepare");
+}
+
+// ---- the memory report ----------------------------------------------------------------------
+
+namespace {
+uint64_t bytes_of(const torch::Tensor& t) {
+  return t.defined() ? static_cast<uint64_t>(t.numel()) * t.element_size() : 0;
+}
+}  // namespace
+
+void ShardedStrategy::count_peaks() {
+  hasten_memory_report now{};
+  now.struct_size = sizeof(now);
+  memory_report(now);
+}
+
+void ShardedStrategy::memory_report(hasten_memory_report& out) {
+  uint64_t params = 0, shards = 0, grads = 0, optimizer = 0;
+  for (auto& m : models_) {
+    for (auto& p : m->frozen) params += bytes_of(p);
+    for (auto& u : m->units) {
+      if (u.params.empty()) continue;
+      if (u.params_live || u.gathering) params += bytes_of(u.flat);  // a prefetch holds its buffer too
+      if (u.staging.defined() && !u.staging.is_same(u.master)) shards += bytes_of(u.staging);
+      shards += bytes_of(u.master);
+      if (u.grads_live) grads += bytes_of(u.flat_grad);
+      if (options_.stage >= 2) grads += bytes_of(u.shard_grad);  // stage 1's is a view of flat_grad
+      grads += bytes_of(u.reduced);
+    }
+  }
+  for (auto* o : optimizers_) optimizer += sdk::optimizer_state_bytes(*o);
+  peak_.peak_params = std::max(peak_.peak_params, params);
+  peak_.peak_param_shards = std::max(peak_.peak_param_shards, shards);
+  peak_.peak_grads = std::max(peak_.peak_grads, grads);
+  peak_.peak_optimizer = std::max(peak_.peak_optimizer, optimizer);
+  out.params = params;
+  out.param_shards = shards;
+  out.grads = grads;
+  out.optimizer = optimizer;
+  out.peak_params = peak_.peak_params;
+  out.peak_param_shards = peak_.peak_param_shards;
+  out.peak_grads = peak_.peak_grads;
+  out.peak_optimizer = peak_.peak_optimizer;
 }
 
 }  // namespace hasten::sharded
