@@ -22,6 +22,10 @@ steps/s and the payload bytes each rank hands to collectives across machines per
 (Accelerator::comm_stats). On one host "across machines" is loopback, so the bytes are the
 figure that carries over to a real network; the speed is not.
 
+--tp adds the tensor-parallel rows: hasten-char-lm (the char LM, widened: --tp-d-model) on 2
+processes under ddp against the same model split over a tp 2 mesh (apps/examples/tp_gpt.hpp),
+interleaved round by round: samples/s of the training loop and each side's peak RSS (rank 0).
+
 --fashion-mnist adds the real-data row: hasten-fashion-mnist trained with DDP under `hasten
 launch --num_processes 2` against scripts/fashion_mnist_torch.py (the same CNN, data order,
 optimizer and schedule in PyTorch, DistributedDataParallel on Gloo, 2 processes): samples/s of
@@ -160,6 +164,47 @@ def run_hsdp(args, out_dir, env, log, raw):
     return records
 
 
+def run_tp(args, out_dir, env, log, raw):
+    """hasten-char-lm on 2 processes: ddp2 against tp 2, round by round."""
+    char_lm = os.path.join(args.build, "bin", "hasten-char-lm")
+    hasten = os.path.join(args.build, "bin", "hasten")
+    common = ["--d_model", str(args.tp_d_model), "--n_layer", str(args.tp_n_layer), "--n_head", "8", "--context", "64",
+              "--batch_size", "8", "--gradient_accumulation_steps", "1", "--max_steps", str(args.tp_steps),
+              "--val_windows", "64", "--sample_chars", "0", "--warmup_steps", "0", "--quiet", "--json",
+              "--project_dir", os.path.join(out_dir, "tp-runs")]
+    sides = [("ddp2", []), ("tp2", ["--set", "parallelism_config.parallelism_config_tp_size=2"])]
+    records = []
+    for r in range(args.repeats):
+        for name, extra in sides:
+            shutil.rmtree(os.path.join(out_dir, "tp-runs"), ignore_errors=True)
+            cmd = [hasten, "launch", "--num_processes", "2", "--strategy", "ddp", char_lm, *common, *extra]
+            for rec in run_json(cmd, env, log):
+                rec.update({"round": r, "impl": "hasten", "mode": name, "workload": "char-lm"})
+                records.append(rec)
+                raw.write(json.dumps(rec) + "\n")
+                raw.flush()
+                print(f"  char-lm {name} round {r}: {rec['samples_per_s']:.1f} samples/s, "
+                      f"peak RSS {rec['peak_rss_mb']:.0f} MiB", file=sys.stderr)
+    return records
+
+
+def tp_table(args, records):
+    by = lambda name: {rec["round"]: rec for rec in records if rec["mode"] == name}
+    ddp, tp = by("ddp2"), by("tp2")
+    lines = [f"### char LM, width {args.tp_d_model}, {args.tp_n_layer} layers, context 64, batch 8: "
+             f"ddp on 2 processes vs tp 2 ({args.tp_steps} steps)", "",
+             "| side | samples/s | vs ddp2 | peak RSS MiB (rank 0) | vs ddp2 | validation loss |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for name, runs in (("ddp2", ddp), ("tp2", tp)):
+        if not runs:
+            continue
+        m = lambda k: median([x[k] for x in runs.values()])
+        vs = lambda k: median([runs[r][k] / ddp[r][k] for r in runs if r in ddp])
+        lines.append(f"| {name} | {fmt(m('samples_per_s'), 1)} | {fmt(vs('samples_per_s'), 2)} | "
+                     f"{fmt(m('peak_rss_mb'), 0)} | {fmt(vs('peak_rss_mb'), 2)} | {fmt(m('val_loss'), 4)} |")
+    return lines + [""]
+
+
 def hsdp_table(args, records):
     steps = args.hsdp_steps + 2  # comm_stats counts the warm-up steps too
     lines = [f"### fsdp across two loopback machines x 2 processes, {args.hsdp_workload} (gloo)", "",
@@ -223,6 +268,10 @@ def main():
                     help="also fsdp FULL_SHARD vs HYBRID_SHARD on two loopback machines x 2 processes")
     ap.add_argument("--hsdp-workload", default="mlp-large", help="hasten-example workload of the --hsdp rows")
     ap.add_argument("--hsdp-steps", type=int, default=10, help="timed steps of each --hsdp run")
+    ap.add_argument("--tp", action="store_true", help="add the char LM's ddp2 vs tp 2 rows")
+    ap.add_argument("--tp-d-model", type=int, default=1024, help="width of the --tp rows' char LM")
+    ap.add_argument("--tp-n-layer", type=int, default=2, help="layers of the --tp rows' char LM")
+    ap.add_argument("--tp-steps", type=int, default=20, help="optimizer steps of each --tp run")
     ap.add_argument("--fmnist-epochs", type=int, default=1, help="Fashion-MNIST epochs (default 1)")
     ap.add_argument("--fmnist-max-steps", type=int, default=0, help="Fashion-MNIST step limit (0: the whole epochs)")
     ap.add_argument("--fmnist-processes", type=int, default=2, help="processes of each Fashion-MNIST side")
@@ -284,6 +333,7 @@ def main():
     if args.fashion_mnist:
         fmnist = run_fashion_mnist(args, out_dir, env, log, raw)
     hsdp = run_hsdp(args, out_dir, env, log, raw) if args.hsdp else []
+    tp = run_tp(args, out_dir, env, log, raw) if args.tp else []
     collectives = []
     if not args.no_collectives:
         collectives += run_json([bench, "--collectives"], env, log)
@@ -329,6 +379,8 @@ def main():
         lines += fashion_mnist_table(args, fmnist)
     if hsdp:
         lines += hsdp_table(args, hsdp)
+    if tp:
+        lines += tp_table(args, tp)
     if collectives:
         lines += ["### Collectives, 2 ranks, float32 (GB/s = bytes per rank / median time of the slowest rank)", "",
                   "copy ms: a plain memcpy of the bytes each rank must move (allreduce: its buffer; allgather: the "

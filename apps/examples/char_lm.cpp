@@ -8,11 +8,14 @@
 //   hasten-char-lm --max_steps 200 --project_dir runs/charlm
 //   hasten launch --num_processes 2 build/bin/hasten-char-lm --max_steps 200 --project_dir runs/charlm
 //   hasten-char-lm --files fortunes --init_from runs/pretrained --max_steps 50   # fine-tune
+//   hasten launch --num_processes 2 build/bin/hasten-char-lm --set parallelism_config.parallelism_config_tp_size=2
+//       # tensor parallelism: the model split over 2 processes (tp_gpt.hpp)
 #include "char_lm.hpp"
 
 #include <hasten/hasten.hpp>
 #include <hasten/runtime_info.hpp>
 #include <hasten/schedulers.hpp>
+#include <hasten/tensor_parallel.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
@@ -22,11 +25,13 @@
 #include <iostream>
 
 #include "char_lm_data.hpp"
+#include "tp_gpt.hpp"
 #include "workloads.hpp"
 
 namespace F = torch::nn::functional;
 namespace ex = hasten::examples;
 using hasten::workloads::TinyGptImpl;
+using hasten::workloads::TpGptImpl;
 
 namespace {
 
@@ -52,9 +57,15 @@ bool ends_with(const std::string& s, const std::string& tail) {
 }
 
 // Cross-entropy of the next byte at every position: logits (seq, batch, vocab), targets (seq,
-// batch); the mean over all positions.
-torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return F::cross_entropy(logits.reshape({-1, kVocab}), targets.reshape(-1));
+// batch); the mean over all positions, or (kNone) each position's. Under tensor parallelism
+// (`tp` given) the logits are this rank's slice of the vocabulary.
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets, const hasten::ProcessGroup* tp,
+                      at::Reduction::Reduction reduction = at::Reduction::Mean) {
+  const torch::Tensor flat = logits.reshape({-1, logits.size(-1)});
+  if (tp != nullptr) return hasten::tp::vocab_parallel_cross_entropy(flat, targets.reshape(-1), *tp, reduction);
+  if (reduction == at::Reduction::None)
+    return F::cross_entropy(flat, targets.reshape(-1), F::CrossEntropyFuncOptions().reduction(torch::kNone));
+  return F::cross_entropy(flat, targets.reshape(-1));
 }
 
 struct Eval {
@@ -63,7 +74,7 @@ struct Eval {
 };
 
 template <class Model, class Loader>
-Eval evaluate(hasten::Accelerator& acc, Model& model, Loader& loader) {
+Eval evaluate(hasten::Accelerator& acc, Model& model, Loader& loader, const hasten::ProcessGroup* tp) {
   model.eval();
   torch::NoGradGuard no_grad;
   double sum = 0;
@@ -71,8 +82,7 @@ Eval evaluate(hasten::Accelerator& acc, Model& model, Loader& loader) {
   for (auto& b : loader) {
     const auto x = b["input_ids"].t(), y = b["labels"].t();  // sequence-first, as gpt-tiny takes it
     auto logits = model(x);
-    auto per_token = F::cross_entropy(logits.reshape({-1, kVocab}), y.reshape(-1),
-                                      F::CrossEntropyFuncOptions().reduction(torch::kNone));
+    auto per_token = lm_loss(logits, y, tp, at::Reduction::None);
     // hasten: one mean loss per window from every rank, less the windows that pad the last round.
     auto per_window = acc.gather_for_metrics(per_token.reshape(y.sizes()).mean(0));
     sum += per_window.sum().template item<double>();
@@ -121,6 +131,18 @@ int run_training(const Args& a, hasten::Options options) {
   // after it hold only this rank's shards.
   const int64_t n_params = TinyGptImpl::parameter_count(kVocab, a.context, a.d_model, a.n_head, 4 * a.d_model, a.n_layer);
   hasten::Accelerator acc(options);  // hasten
+  // Tensor parallelism (parallelism_config_tp_size > 1): the model trains split over the
+  // mesh's tp group (tp_gpt.hpp); both ranks of a group read the same batches.
+  const hasten::ProcessGroup tp_group = acc.device_mesh().group("tp");
+  const hasten::ProcessGroup* tp = tp_group.size() > 1 ? &tp_group : nullptr;
+  const int64_t data_ranks = acc.device_mesh().size("dp");  // the processes that read different windows
+  if (tp != nullptr && a.gradient_checkpointing)
+    throw hasten::UsageError("--gradient_checkpointing: not under tensor parallelism (tp " +
+                             std::to_string(tp_group.size()) + "): the split model's blocks are not checkpointing units");
+  if (tp != nullptr && !a.save_model.empty())
+    throw hasten::UsageError("--save_model: not under tensor parallelism (tp " + std::to_string(tp_group.size()) +
+                             "): save_model would write the split model's names, which --init_from does not read; "
+                             "checkpoints (--checkpoint_every, --resume) hold the whole tensors");
   torch::set_num_threads(a.threads);
   hasten::set_blas_threads(a.threads);  // the BLAS's pool: MKL follows LibTorch's, an OpenBLAS has its own
   torch::manual_seed(a.seed);
@@ -130,11 +152,17 @@ int run_training(const Args& a, hasten::Options options) {
   const bool units = acc.strategy() == "zero" || acc.strategy() == "fsdp" || a.gradient_checkpointing;
   auto net = std::make_shared<TinyGptImpl>(kVocab, a.context, a.d_model, a.n_head, 4 * a.d_model, a.n_layer, units);
   if (!a.init_from.empty()) hasten::load_weights(*net, a.init_from);  // hasten: from_pretrained
+  // What trains: the model, or this rank's part of it (made from the whole, then dropped).
+  std::shared_ptr<hasten::workloads::ModelImpl> trained = net;
+  if (tp != nullptr) {
+    trained = hasten::workloads::TpGpt(*net, tp_group).ptr();
+    net.reset();
+  }
 
   // Weight decay on the weight matrices and embeddings, none on biases and layer norms (as
   // Accelerate's example excludes "bias" and "LayerNorm.weight").
   std::vector<torch::Tensor> decay, no_decay;
-  for (const auto& p : net->named_parameters())
+  for (const auto& p : trained->named_parameters())
     (ends_with(p.key(), "bias") || p.key().find("norm") != std::string::npos ? no_decay : decay).push_back(p.value());
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
@@ -153,7 +181,7 @@ int run_training(const Args& a, hasten::Options options) {
   // High-water marks of the process: the model built (whole, or sharded under sharded_init),
   // then prepared.
   const double built_rss_mb = hasten::workloads::peak_rss_mb();
-  auto [model, opt, train_loader, val_loader] = acc.prepare(net, adamw, train_data, val_data);  // hasten
+  auto [model, opt, train_loader, val_loader] = acc.prepare(trained, adamw, train_data, val_data);  // hasten
   const double prepared_rss_mb = hasten::workloads::peak_rss_mb();
 
   // Optimizer steps this process takes: per epoch its batches over the accumulation, rounded
@@ -178,6 +206,7 @@ int run_training(const Args& a, hasten::Options options) {
                                   {"n_layer", a.n_layer},
                                   {"max_steps", a.max_steps},
                                   {"num_processes", int64_t{acc.num_processes()}},
+                                  {"tp_size", int64_t{tp_group.size()}},
                                   {"strategy", acc.strategy()},
                                   {"mixed_precision", acc.mixed_precision()},
                                   {"init_from", a.init_from}});
@@ -189,13 +218,13 @@ int run_training(const Args& a, hasten::Options options) {
               " held out), ", corpus.train_text.size(), " training bytes, unigram entropy ", entropy, " nats/char");
     acc.print("model: ", a.n_layer, " layers, width ", a.d_model, ", context ", a.context, ", ",
               n_params,
-              " parameters; ", total_steps, " optimizer steps of ", a.batch_size * accum * acc.num_processes(),
+              " parameters; ", total_steps, " optimizer steps of ", a.batch_size * accum * data_ranks,
               " windows; ", acc.strategy(), ", ", acc.mixed_precision());
     if (!resumed_from.empty())
       acc.print("resumed from ", resumed_from, " at epoch ", progress.epoch, ", step ", progress.step);
   }
 
-  const int64_t per_step = a.batch_size * accum * acc.num_processes();  // windows per optimizer step
+  const int64_t per_step = a.batch_size * accum * data_ranks;  // windows per optimizer step
   double train_s = 0;  // in the training loops only: samples/s leaves evaluation and saving out
   int64_t steps_this_run = 0;
   Eval last;
@@ -215,7 +244,7 @@ int run_training(const Args& a, hasten::Options options) {
     for (auto& batch : train_loader) {
       auto scope = acc.accumulate(model);  // hasten
       const auto x = batch["input_ids"].t(), y = batch["labels"].t();
-      auto loss = lm_loss(model(x), y);  // the prepared model's forward runs under bf16 autocast
+      auto loss = lm_loss(model(x), y, tp);  // the prepared model's forward runs under bf16 autocast
       acc.backward(loss);  // hasten: instead of loss.backward(); divides by the window's length
       loss_sum += loss.item<double>(), ++micro;
       double grad_norm = 0;
@@ -242,7 +271,7 @@ int run_training(const Args& a, hasten::Options options) {
     }
     train_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_train).count();
     bar.close();
-    last = evaluate(acc, model, val_loader);
+    last = evaluate(acc, model, val_loader, tp);
     if (!stopped) ++progress.epoch;
     if (!a.json)
       acc.print(stopped ? "stopped in epoch " : "epoch ", stopped ? progress.epoch + 1 : progress.epoch, "/", a.epochs,
@@ -250,13 +279,15 @@ int run_training(const Args& a, hasten::Options options) {
     if (tracking) acc.log({{"val_loss", last.loss}, {"epoch", double(progress.epoch)}}, progress.step);
     if (!stopped) checkpoint = acc.save_state();  // hasten: one per epoch
   }
-  if (last.count == 0) last = evaluate(acc, model, val_loader);  // nothing trained in this run
+  if (last.count == 0) last = evaluate(acc, model, val_loader, tp);  // nothing trained in this run
   if (tracking) acc.end_training();
   if (!a.save_model.empty()) acc.save_model(model, a.save_model);  // hasten: HF layout, for --init_from
 
   // The full weights on the main process (every rank takes part: sharded strategies gather),
   // for the checksum and for sampling from a plain float32 copy of the model.
-  const auto state = acc.get_state_dict(model);  // hasten
+  auto state = acc.get_state_dict(model);  // hasten
+  if (tp != nullptr)  // the split model's whole tensors, under the one-process model's names
+    for (auto& [name, tensor] : state) name = TpGptImpl::whole_name(name);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double samples_per_s = train_s > 0 ? static_cast<double>(steps_this_run * per_step) / train_s : 0.0;
   if (!acc.is_main_process()) return 0;
@@ -284,6 +315,7 @@ int run_training(const Args& a, hasten::Options options) {
                              {"samples_per_s", samples_per_s},
                              {"chars_per_s", samples_per_s * static_cast<double>(a.context)},
                              {"num_processes", acc.num_processes()},
+                             {"tp_size", tp_group.size()},
                              {"strategy", acc.strategy()},
                              {"mixed_precision", acc.mixed_precision()},
                              {"param_checksum", checksum},

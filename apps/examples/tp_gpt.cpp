@@ -21,7 +21,7 @@ TpCausalBlockImpl::TpCausalBlockImpl(const CausalBlock& whole, const hasten::Pro
   local_heads = h1 - h0;
   qkv = register_module("qkv", hasten::tp::ColumnParallelLinear(
                                    packed_rows(attn->in_proj_weight, width, h0 * head_dim, h1 * head_dim),
-                                   packed_rows(attn->in_proj_bias, width, h0 * head_dim, h1 * head_dim), tp));
+                                   packed_rows(attn->in_proj_bias, width, h0 * head_dim, h1 * head_dim), tp, 3));
   out_proj = register_module("out_proj", hasten::tp::RowParallelLinear(attn->out_proj, tp));
   linear1 = register_module("linear1", hasten::tp::ColumnParallelLinear(whole->linear1, tp));
   linear2 = register_module("linear2", hasten::tp::RowParallelLinear(whole->linear2, tp));
@@ -71,6 +71,18 @@ torch::Tensor TpGptImpl::forward(torch::Tensor idx) {
   const torch::Tensor mask = causal_mask.narrow(0, 0, s).narrow(1, 0, s);
   for (const auto& b : *blocks) h = b->as<TpCausalBlockImpl>()->forward(h, mask);
   return head(h);
+}
+
+std::string TpGptImpl::whole_name(const std::string& name) {
+  // layers.N.qkv.{weight,bias} -> layers.N.self_attn.in_proj_{weight,bias};
+  // layers.N.out_proj.X -> layers.N.self_attn.out_proj.X; the rest is named alike.
+  for (const char* part : {".qkv.", ".out_proj."}) {
+    const auto at = name.find(part);
+    if (at == std::string::npos) continue;
+    const std::string head = name.substr(0, at), tail = name.substr(at + std::string(part).size());
+    return std::string(part) == ".qkv." ? head + ".self_attn.in_proj_" + tail : head + ".self_attn.out_proj." + tail;
+  }
+  return name;
 }
 
 torch::Tensor TpGptImpl::loss(const torch::Tensor& logits, const torch::Tensor& targets) const {

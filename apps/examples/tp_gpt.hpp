@@ -28,11 +28,14 @@ struct TpCausalBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(TpCausalBlock);
 
-struct TpGptImpl : torch::nn::Module {
+struct TpGptImpl : ModelImpl {
   TpGptImpl(const TinyGptImpl& whole, const hasten::ProcessGroup& tp);
-  torch::Tensor forward(torch::Tensor idx);  // idx: (seq, batch) int64
-  // The mean cross-entropy of forward's logits against targets (seq, batch).
+  torch::Tensor forward(torch::Tensor idx) override;  // idx: (seq, batch) int64
+  // The mean cross-entropy of forward's logits against targets (batch, seq).
   torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) const;
+  // TinyGpt's name of one of this model's parameters: its whole state (get_state_dict) under
+  // TinyGpt's names loads into the one-process model.
+  static std::string whole_name(const std::string& name);
   hasten::tp::VocabParallelEmbedding tok{nullptr};
   torch::nn::Embedding pos{nullptr};
   torch::nn::ModuleList blocks{nullptr};

@@ -345,11 +345,4 @@ std::vector<std::string> prune_checkpoints(const fs::path& checkpoints, int keep
   return failed;
 }
 
-void refuse_tensor_parallel_checkpoint(int tp_size, const char* op) {
-  if (tp_size > 1)
-    throw UsageError(std::string(op) + ": the device mesh has tp " + std::to_string(tp_size) +
-                     ", and checkpoints of tensor-parallel shards are not written or read yet (each rank's shards would "
-                     "be lost but rank 0's); save the split model's parameters per rank yourself for now");
-}
-
 }  // namespace hasten::detail

@@ -82,10 +82,4 @@ std::vector<std::pair<int, std::filesystem::path>> numbered_checkpoints(const st
 // directories of saves that died). Never throws; returns what it could not remove.
 std::vector<std::string> prune_checkpoints(const std::filesystem::path& checkpoints, int keep);
 
-// `op` (save_state, load_state, save_model) under a device mesh with tp > 1: a tensor-parallel
-// model's parameters are different shards on each rank of its tp group, which the one-file
-// layout does not keep apart. UsageError rather than saving (or loading) rank 0's shards for
-// every rank.
-void refuse_tensor_parallel_checkpoint(int tp_size, const char* op);
-
 }  // namespace hasten::detail

@@ -30,6 +30,7 @@
 #include "checkpoint/checkpoint_state_check.hpp"
 #include "checkpoint/optimizer_state.hpp"
 #include "engine/engine_state.hpp"
+#include "parallel/split_parameters.hpp"
 #include "util/trace_ranges.hpp"
 
 namespace hasten::detail {
@@ -57,14 +58,21 @@ void set_rng_state(const NamedTensors& states, const torch::Device& device) {
   }
 }
 
-// Copies full tensors into a module's own parameters and buffers, by name, strictly.
-void copy_into(torch::nn::Module& module, const NamedTensors& tensors, const std::string& file) {
+// Copies full tensors into a module's own parameters and buffers, by name, strictly; a
+// tensor-parallel part (`splits`) takes its part of the whole.
+void copy_into(torch::nn::Module& module, const NamedTensors& tensors, const std::string& file,
+               const SplitLayouts& splits) {
   std::map<std::string, const torch::Tensor*> by_name;
   for (auto& [name, t] : tensors) by_name[name] = &t;
   torch::NoGradGuard no_grad;
   auto load = [&](const std::string& name, torch::Tensor& target) {
     auto it = by_name.find(name);
     if (it == by_name.end()) throw Error("load_state: '" + file + "' has no tensor '" + name + "', which the model has");
+    if (const auto split = splits.find(name); split != splits.end()) {
+      target.copy_(cut_part(*it->second, target.sizes(), split->second, "load_state: '" + file + "': '" + name + "'"));
+      by_name.erase(it);
+      return;
+    }
     if (it->second->sizes() != target.sizes())
       throw Error("load_state: '" + file + "': '" + name + "' has shape " + c10::str(it->second->sizes()) +
                   ", the model's is " + c10::str(target.sizes()));
@@ -104,7 +112,11 @@ void Engine::Impl::CheckpointLoad::run() {
   });
   agree();
   load_models();
-  same_layout_ = saved_world_ == world_ && state_.value("strategy", "") == s_.strategy->name();
+  // Tensor-parallel parts (saved or now): optimizer state is saved whole, and cut per rank.
+  bool split_now = false;
+  for (auto& m : s_.models) split_now = split_now || !split_layouts(*m.module).empty();
+  same_layout_ = saved_world_ == world_ && state_.value("strategy", "") == s_.strategy->name() && !split_now &&
+                 state_.value("tp_size", 1) == 1;
   for (size_t i = 0; i < s_.optimizers.size(); ++i) load_optimizer(i);
   attempt([&] { read_rest(); });
   agree();
@@ -236,15 +248,17 @@ void Engine::Impl::CheckpointLoad::read_model_ranges(size_t i) {
 
 void Engine::Impl::CheckpointLoad::read_model_in_place(size_t i) {
   torch::nn::Module& module = *s_.models[i].module;
+  const SplitLayouts splits = split_layouts(module);  // their wholes are read, then cut
   std::map<std::string, torch::Tensor> own;
-  for (auto& named : module.named_parameters()) own[named.key()] = named.value().detach();
+  for (auto& named : module.named_parameters())
+    if (!splits.count(named.key())) own[named.key()] = named.value().detach();
   for (auto& named : module.named_buffers()) own[named.key()] = named.value().detach();
   const NamedTensors read = read_checked(dir_, model_file(i), manifest_, [&](const SafetensorsEntry& e) {
     auto it = own.find(e.name);
     return it != own.end() && it->second.sizes() == c10::IntArrayRef(e.shape) ? it->second : torch::Tensor();
   });
   for (auto& [n, t] : read) saved_numel_[std::to_string(i) + ":" + n] = t.numel();
-  copy_into(module, read, (dir_ / model_file(i)).string());
+  copy_into(module, read, (dir_ / model_file(i)).string(), splits);
 }
 
 void Engine::Impl::CheckpointLoad::read_rest() {
@@ -268,6 +282,19 @@ void Engine::Impl::CheckpointLoad::read_rest() {
 }
 
 NamedTensors Engine::Impl::CheckpointLoad::read_gradients(size_t i) const {
+  // Mid-window gradients are each rank's own, of its tensor-parallel parts: they carry over
+  // only to the same mesh.
+  const int saved_tp = state_.value("tp_size", 1), tp = s_.groups->layout().size("tp");
+  if ((saved_tp > 1 || tp > 1) && (saved_tp != tp || saved_world_ != world_)) {
+    bool any = false;
+    for (int r = 0; r < saved_world_; ++r) any = any || manifest_["files"].contains(gradients_file(i, r));
+    if (any)
+      throw Error("load_state: '" + dir_.string() + "' was saved in the middle of an accumulation window by " +
+                  std::to_string(saved_world_) + " ranks with tp " + std::to_string(saved_tp) +
+                  "; its partial gradients are tensor-parallel parts and load only on the same mesh (this run: " +
+                  std::to_string(world_) + " ranks, tp " + std::to_string(tp) +
+                  "); save at the end of a window to change it");
+  }
   if (saved_world_ == world_) {
     if (!manifest_["files"].contains(gradients_file(i, rank_))) return {};
     return read_checked(dir_, gradients_file(i, rank_), manifest_);
@@ -327,10 +354,12 @@ void Engine::Impl::CheckpointLoad::apply() {
     LoaderEntry& e = s_.data.loaders[id];
     e.epoch = l.value("epoch", int64_t{0});
     int64_t next = l.value("next_batch", int64_t{0});
-    if (saved_world_ != world_ || l.value("batch_size", int64_t{0}) != e.spec.options.batch_size) {
+    // The ranks the loader was sharded over: the mesh's dp ranks (the world without tp).
+    const int64_t saved_shards = l.value("world_size", int64_t{saved_world_}), shards = e.spec.world_size;
+    if (saved_shards != shards || l.value("batch_size", int64_t{0}) != e.spec.options.batch_size) {
       // Another number of ranks: continue after the samples the saved run had consumed.
-      const int64_t consumed = next * l.value("batch_size", int64_t{1}) * saved_world_;
-      next = consumed / std::max<int64_t>(1, e.spec.options.batch_size * world_);
+      const int64_t consumed = next * l.value("batch_size", int64_t{1}) * saved_shards;
+      next = consumed / std::max<int64_t>(1, e.spec.options.batch_size * shards);
     }
     e.resume_batch = std::min(next, e.num_batches);
   }
@@ -391,7 +420,6 @@ void Engine::Impl::CheckpointLoad::apply_gradients(size_t i) {
 std::string Engine::load_state(const std::string& requested) try {
   TraceRange range("hasten::load_state");
   Impl& s = *impl_;
-  refuse_tensor_parallel_checkpoint(s.groups->layout().size("tp"), "load_state");
   if (!s.data.active.empty())
     throw UsageError("load_state: called while a prepared data loader is being iterated; call it after prepare and "
                      "before the loop (or set the config key resume: auto)");

@@ -22,6 +22,7 @@
 #include "checkpoint/checkpoint_machines.hpp"
 #include "checkpoint/optimizer_state.hpp"
 #include "engine/engine_state.hpp"
+#include "parallel/split_parameters.hpp"
 #include "util/test_hooks.hpp"
 #include "util/trace_ranges.hpp"
 
@@ -120,7 +121,6 @@ std::vector<bool> Engine::Impl::run_state_pre_hooks(bool save, const std::string
 std::string Engine::save_state(const std::string& requested) {
   TraceRange range("hasten::save_state");
   Impl& s = *impl_;
-  refuse_tensor_parallel_checkpoint(s.groups->layout().size("tp"), "save_state");
   const int rank = s.process.rank, world = s.process.world_size;
   const bool main = rank == 0;
   const bool automatic = s.config.automatic_checkpoint_naming || requested.empty();
@@ -221,6 +221,8 @@ std::string Engine::save_state(const std::string& requested) {
   // on any number of ranks under any strategy; LibTorch's own archive for optimizer types
   // hasten cannot read (it loads only where it was saved: same ranks, same strategy).
   json optimizer_layouts = json::array();
+  bool tensor_parallel = false;  // a model holds parts of tensors split over a group
+  for (auto& m : s.models) tensor_parallel = tensor_parallel || !split_layouts(*m.module).empty();
   for (size_t i = 0; i < s.optimizers.size(); ++i) {
     torch::optim::Optimizer& optimizer = *s.optimizers[i].optimizer;
     NamedTensors pieces;
@@ -230,7 +232,7 @@ std::string Engine::save_state(const std::string& requested) {
     const int piece_rank = writer && !s.strategy->has_optimizer_state() ? 0 : rank;
     try {
       for (size_t m = 0; m < s.models.size(); ++m)
-        for (auto& piece : optimizer_pieces(*s.strategy, piece_rank, optimizer, *s.models[m].module, m))
+        for (auto& piece : optimizer_pieces(*this, *s.strategy, piece_rank, optimizer, *s.models[m].module, m))
           pieces.push_back(std::move(piece));
     } catch (const sdk::Error& e) {  // from sdk::param_state, here in the host
       if (e.status() != HASTEN_ERR_UNSUPPORTED) throw;
@@ -241,6 +243,12 @@ std::string Engine::save_state(const std::string& requested) {
     }
     // Every rank must agree on the layout: the optimizer type is the same everywhere.
     optimizer_layouts.push_back(portable ? "portable" : per_rank ? "per_rank" : "full");
+    if (!portable && tensor_parallel)
+      attempt([&] {
+        throw Error("optimizer " + std::to_string(i) + " (" + optimizer_type(optimizer) +
+                    ") keeps a state hasten cannot read, so the state of the model's tensor-parallel parts cannot be "
+                    "written whole (SGD, Adam, AdamW, RMSprop and Adagrad can)");
+      });
     if (portable && !pieces.empty())
       attempt([&] {
         files.push_back(write_file(tmp, optimizer_pieces_file(i, piece_rank), [&](const ByteSink& sink) {
@@ -275,7 +283,7 @@ std::string Engine::save_state(const std::string& requested) {
                          {"num_batches", e.num_batches},
                          {"dataset_size", e.spec.dataset_size},
                          {"batch_size", e.spec.options.batch_size},
-                         {"world_size", world}});
+                         {"world_size", e.spec.world_size}});  // the ranks it was sharded over (dp)
     }
     json schedulers = json::array();
     json adjustments = json::array();  // adjust_scheduler's micro-batch counts (bounded schedules)
@@ -296,6 +304,7 @@ std::string Engine::save_state(const std::string& requested) {
     json state = {{"checkpoint", automatic ? json(s.checkpoints.save_iteration) : json(nullptr)},
                   {"strategy", s.strategy->name()},
                   {"world_size", world},
+                  {"tp_size", s.groups->layout().size("tp")},  // mid-window gradients are tp parts
                   {"models", s.models.size()},
                   {"optimizers", {{"count", s.optimizers.size()}, {"layouts", optimizer_layouts}, {"lr", lrs}, {"types", types}}},
                   {"schedulers", schedulers},

@@ -29,6 +29,7 @@ void validate_state(const json& st, const std::string& path) {
   };
   constexpr int64_t kBig = int64_t{1} << 53;
   integer(st, "world_size", "", 1, 1 << 24);
+  if (st.contains("tp_size")) integer(st, "tp_size", "", 1, 1 << 24);
   if (!st.contains("strategy") || !st["strategy"].is_string()) throw bad("strategy", "a string");
   integer(st, "models", "", 0, 1 << 16);
   if (st.contains("precision")) {
@@ -66,6 +67,7 @@ void validate_state(const json& st, const std::string& path) {
   }
   for (const json& l : array(st, "loaders", "")) {
     if (!l.is_object()) throw bad("loaders[]", "an object");
+    if (l.contains("world_size")) integer(l, "world_size", "loaders[].", 1, 1 << 24);
     for (const char* key : {"epoch", "next_batch", "batch_size"})
       if (l.contains(key)) integer(l, key, "loaders[].", 0, kBig);
     for (const char* key : {"num_batches", "dataset_size"})  // -1 or the maximum: a stream of unknown length

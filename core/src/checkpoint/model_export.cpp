@@ -15,6 +15,7 @@
 
 #include "checkpoint/checkpoint_files.hpp"
 #include "engine/engine_state.hpp"
+#include "parallel/split_parameters.hpp"
 
 namespace hasten {
 
@@ -153,7 +154,6 @@ namespace detail {
 
 void Engine::save_model(size_t model, const std::string& dir, uint64_t max_shard_bytes) {
   Impl& s = *impl_;
-  refuse_tensor_parallel_checkpoint(s.groups->layout().size("tp"), "save_model");
   const bool main = s.process.rank == 0;
   const fs::path target(dir);
   std::string failure;
@@ -191,9 +191,19 @@ void Engine::save_model(size_t model, const std::string& dir, uint64_t max_shard
   ModelEntry& m = s.models.at(model);
   if (s.strategy->has_state_dict()) {
     s.strategy->state_dict_each(*m.module, 0, each);  // one unit gathered at a time
-  } else if (main) {
+  } else {
+    // Tensor-parallel parts are gathered whole, every rank taking part; rank 0 writes.
+    const SplitLayouts splits = split_layouts(*m.module);
     torch::NoGradGuard no_grad;
-    for (auto& named : m.module->named_parameters()) each(named.key(), named.value());
+    for (auto& named : m.module->named_parameters()) {
+      const auto split = splits.find(named.key());
+      if (split == splits.end()) {
+        each(named.key(), named.value());
+        continue;
+      }
+      torch::Tensor whole = gather_whole(*this, named.value(), split->second);
+      each(named.key(), whole);
+    }
     for (auto& named : m.module->named_buffers()) each(named.key(), named.value());
   }
   flush();

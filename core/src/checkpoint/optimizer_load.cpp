@@ -75,7 +75,7 @@ void Engine::Impl::CheckpointLoad::load_optimizer(size_t i) {
     bool covered = true;
     if (s_.strategy->has_optimizer_state())
       for (size_t m = 0; m < s_.models.size(); ++m)
-        for (auto& [n, t] : optimizer_pieces(*s_.strategy, rank_, optimizer, *s_.models[m].module, m))
+        for (auto& [n, t] : optimizer_pieces(engine_, *s_.strategy, rank_, optimizer, *s_.models[m].module, m))
           covered = covered && (t.dim() == 0 || read_names.count(n) > 0);
     reshard = any_rank(!covered);
   }
@@ -89,7 +89,7 @@ void Engine::Impl::CheckpointLoad::read_own_pieces(size_t i, std::set<std::strin
   torch::optim::Optimizer& optimizer = *s_.optimizers[i].optimizer;
   std::map<std::string, torch::Tensor> live, live_of_param;  // this rank's state tensors, as saved
   for (size_t m = 0; m < s_.models.size(); ++m)
-    for (auto& [n, t] : optimizer_pieces(*s_.strategy, 0, optimizer, *s_.models[m].module, m))
+    for (auto& [n, t] : optimizer_pieces(engine_, *s_.strategy, 0, optimizer, *s_.models[m].module, m))
       if (t.dim() > 0) {
         live[n] = t;
         live_of_param[n.substr(0, n.rfind('/'))] = t;

@@ -15,6 +15,8 @@
 #include <hasten/plugin_torch.hpp>
 #include <hasten/plugin_optimizer_state.hpp>
 
+#include "parallel/split_parameters.hpp"
+
 namespace hasten::detail {
 
 namespace fs = std::filesystem;
@@ -61,19 +63,28 @@ void load_optimizer_bytes(torch::optim::Optimizer& optimizer, const std::string&
 // This rank's optimizer state of model `m`'s parameters in the portable layout (plugin.h,
 // strategy slot optimizer_state), names prefixed with "<m>:". Throws Error (unsupported) for
 // an optimizer type whose state hasten cannot read.
-NamedTensors optimizer_pieces(StrategyInstance& strategy, int rank, torch::optim::Optimizer& optimizer,
+NamedTensors optimizer_pieces(Engine& engine, StrategyInstance& strategy, int rank, torch::optim::Optimizer& optimizer,
                               torch::nn::Module& module, size_t m) {
   NamedTensors pieces;
+  const SplitLayouts splits = strategy.has_optimizer_state() ? SplitLayouts{} : split_layouts(module);
   if (strategy.has_optimizer_state()) {
     pieces = strategy.optimizer_state(optimizer, module);
-  } else if (rank == 0) {  // unsharded: every rank holds the same state
+  } else if (rank == 0 || !splits.empty()) {  // unsharded: every rank holds the same state (or its part)
     std::set<const void*> stepped;
     for (auto& group : optimizer.param_groups())
       for (auto& p : group.params()) stepped.insert(p.unsafeGetTensorImpl());
     for (auto& named : module.named_parameters()) {
       if (!stepped.count(named.value().unsafeGetTensorImpl())) continue;
+      const auto split = splits.find(named.key());
       for (auto& [key, value] : sdk::param_state(optimizer, named.value())) {
-        const torch::Tensor v = value.detach();
+        torch::Tensor v = value.detach();
+        if (split != splits.end() && v.dim() > 0) {
+          if (v.sizes() != named.value().sizes())
+            throw Error("save_state: the optimizer state '" + named.key() + "/" + key + "' of a tensor-parallel part "
+                        "is not shaped like the part, so hasten cannot gather it whole");
+          v = gather_whole(engine, v, split->second);
+        }
+        if (rank != 0) continue;
         if (v.dim() == 0)
           pieces.emplace_back(named.key() + "/" + key, v);
         else
@@ -133,9 +144,23 @@ void set_optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& 
   std::set<const void*> stepped;
   for (auto& group : optimizer.param_groups())
     for (auto& p : group.params()) stepped.insert(p.unsafeGetTensorImpl());
+  const SplitLayouts splits = split_layouts(module);
   for (auto& named : module.named_parameters()) {
     auto it = by_param.find(named.key());
     if (it == by_param.end() || !stepped.count(named.value().unsafeGetTensorImpl())) continue;
+    const auto split = splits.find(named.key());
+    if (split != splits.end()) {
+      // The whole state, flat as saved: this rank's part of it.
+      const std::vector<int64_t> whole = whole_shape(named.value().sizes(), split->second);
+      for (auto& [key, value] : it->second)
+        if (value.dim() > 0) {
+          const std::string what = "load_state: optimizer state '" + named.key() + "/" + key + "'";
+          if (value.numel() != c10::multiply_integers(whole))
+            throw Error(what + " has " + std::to_string(value.numel()) + " elements, the whole parameter " +
+                        std::to_string(c10::multiply_integers(whole)));
+          value = cut_part(value.reshape(whole), named.value().sizes(), split->second, what);
+        }
+    }
     for (auto& [key, value] : it->second)
       if (value.dim() > 0 && value.numel() != named.value().numel())
         throw Error("load_state: optimizer state '" + named.key() + "/" + key + "' has " + std::to_string(value.numel()) +

@@ -17,6 +17,8 @@
 
 namespace hasten::detail {
 
+class Engine;
+
 // The optimizer's type, as a checkpoint records it ("Adam", "SGD", ...).
 std::string optimizer_type(torch::optim::Optimizer& optimizer);
 
@@ -26,15 +28,18 @@ void load_optimizer_bytes(torch::optim::Optimizer& optimizer, const std::string&
 
 // This rank's optimizer state of model `m`'s parameters in the portable layout (plugin.h,
 // strategy slot optimizer_state), names prefixed with "<m>:". Throws sdk::Error (unsupported)
-// or PluginError for an optimizer type whose state cannot be read.
-NamedTensors optimizer_pieces(StrategyInstance& strategy, int rank, torch::optim::Optimizer& optimizer,
+// or PluginError for an optimizer type whose state cannot be read. Unsharded, rank 0 gives
+// the state and the others nothing; the state of tensor-parallel parts is gathered whole
+// (split_parameters.hpp), so then every rank must call it.
+NamedTensors optimizer_pieces(Engine& engine, StrategyInstance& strategy, int rank, torch::optim::Optimizer& optimizer,
                               torch::nn::Module& module, size_t m);
 
 // The pieces of every saved rank's file (file name for errors, its tensors), assembled into
 // full state per model: model -> ("<param>/<key>", 1-D tensor or 0-d scalar).
 std::map<size_t, NamedTensors> assemble_optimizer(const std::vector<std::pair<std::string, NamedTensors>>& files);
 
-// Sets the optimizer state of the model's own parameters from full state (unsharded).
+// Sets the optimizer state of the model's own parameters from full state (unsharded); a
+// tensor-parallel part takes its part of the whole state.
 void set_optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& module, const NamedTensors& full);
 
 // Sets the step count of the parameter states that own the given state tensors (one of a

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "engine/engine_state.hpp"
+#include "parallel/split_parameters.hpp"
 
 namespace hasten::detail {
 
@@ -20,7 +21,13 @@ std::vector<std::pair<std::string, torch::Tensor>> Engine::state_dict(size_t mod
   ModelEntry& m = s.models.at(model);
   if (s.strategy->has_state_dict()) return s.strategy->state_dict(*m.module, kind);
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  if (kind == 0 && !s.process.is_main_process()) return out;
+  // Tensor-parallel parts are gathered whole (every rank takes part), rank 0 keeps them.
+  const SplitLayouts splits = split_layouts(*m.module);
+  if (kind != 0 && !splits.empty())
+    throw UsageError("get_state_dict(model, sharded): a tensor-parallel model's parts are not flat pieces of its "
+                     "tensors; ask for the full state dict (the default), which gathers them whole");
+  const bool main = s.process.is_main_process();
+  if (kind == 0 && !main && splits.empty()) return out;
   torch::NoGradGuard no_grad;
   // Copies on the CPU, as the sharded strategies give them (and FSDP's offload_to_cpu): the
   // state dict of a GPU model does not hold a second copy of the model on its GPU.
@@ -28,13 +35,20 @@ std::vector<std::pair<std::string, torch::Tensor>> Engine::state_dict(size_t mod
     return t.detach().to(torch::kCPU, t.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   };
   for (auto& named : m.module->named_parameters()) {
+    const auto split = splits.find(named.key());
+    if (split != splits.end()) {
+      torch::Tensor whole = gather_whole(*this, named.value(), split->second);
+      if (main) out.emplace_back(named.key(), cpu_copy(whole));
+      continue;
+    }
+    if (kind == 0 && !main) continue;
     torch::Tensor t = cpu_copy(named.value());
     if (kind == 0)
       out.emplace_back(named.key(), t);
     else
       out.emplace_back(named.key() + "@0:" + std::to_string(t.numel()), t.reshape(-1));
   }
-  if (kind == 0)
+  if (kind == 0 && main)
     for (auto& named : m.module->named_buffers()) out.emplace_back(named.key(), cpu_copy(named.value()));
   return out;
 }
@@ -55,6 +69,10 @@ void Engine::check_unwrap(size_t model) const {
 
 void Engine::fill_full_copy(size_t model, torch::nn::Module& copy) {
   Impl& s = *impl_;
+  if (!split_layouts(*s.models.at(model).module).empty())
+    throw UsageError("full_model: the model is split over a tensor-parallel group, and its clone would be too (each "
+                     "layer keeps its part); for its whole tensors call acc.get_state_dict(model) or "
+                     "acc.save_model(model, dir)");
   auto full = state_dict(model, 0);  // rank 0's, one unit at a time
   if (s.process.world_size > 1) {
     // Rank 0 says what it has (names, dtypes, shapes); every rank then receives the tensors.

@@ -7,10 +7,12 @@
 #include <torch/nn/utils/clip_grad.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <set>
 
 #include "engine/engine_state.hpp"
+#include "parallel/split_parameters.hpp"
 #include "util/trace_ranges.hpp"
 
 namespace hasten::detail {
@@ -154,25 +156,30 @@ void Engine::backward(const torch::Tensor& loss, bool retain_graph) {
 }
 
 namespace {
-// A norm of tensor-parallel shards is each rank's own part: clipping by it would scale each
-// rank's shards differently and their replicated parameters apart. Refused, not done wrong.
-void refuse_under_tensor_parallelism(const ProcessGroups& groups, const char* op) {
-  if (groups.layout().size("tp") > 1)
-    throw UsageError(std::string(op) + ": the device mesh has tp " + std::to_string(groups.layout().size("tp")) +
-                     ", and a gradient norm over tensor-parallel shards is not computed yet (clip_grad_value_ "
-                     "works: it is element-wise)");
+// Every prepared model's tensor-parallel parts, by TensorImpl (clip_grad_norm_'s norm sums
+// their contribution over their group).
+std::map<const void*, SplitLayout> split_parameters_of(const std::vector<ModelEntry>& models) {
+  std::map<const void*, SplitLayout> out;
+  for (auto& m : models) {
+    const SplitLayouts layouts = split_layouts(*m.module);
+    if (layouts.empty()) continue;
+    for (auto& named : m.module->named_parameters())
+      if (auto it = layouts.find(named.key()); it != layouts.end()) out[named.value().unsafeGetTensorImpl()] = it->second;
+  }
+  return out;
 }
 }  // namespace
 
 double Engine::clip_grad_norm(size_t model, double max_norm, double norm_type) {
   Impl& s = *impl_;
-  refuse_under_tensor_parallelism(*s.groups, "clip_grad_norm_");
   unscale_gradients();
   ModelEntry& e = s.models.at(model);
   if (s.strategy->has_clip_grad_norm()) {
     s.join_round_before_clip(model, max_norm, norm_type);  // the norm is a collective over shards
     return s.strategy->clip_grad_norm(*e.module, max_norm, norm_type);
   }
+  if (auto split = split_parameters_of(s.models); !split.empty())
+    return clip_split_grad_norm(*this, e.module->parameters(), split, max_norm, norm_type);
   return torch::nn::utils::clip_grad_norm_(e.module->parameters(), max_norm, norm_type);
 }
 
@@ -199,8 +206,9 @@ double Engine::clip_grad_norm(const std::vector<torch::Tensor>& parameters, doub
   // Accelerate's spelling, clip_grad_norm_(model->parameters(), ...): under a sharding
   // strategy the gradients are in the shards, so it means the model's clipping.
   if (auto m = model_of_parameters(parameters, "clip_grad_norm_")) return clip_grad_norm(*m, max_norm, norm_type);
-  refuse_under_tensor_parallelism(*impl_->groups, "clip_grad_norm_");
   unscale_gradients();
+  if (auto split = split_parameters_of(impl_->models); !split.empty())
+    return clip_split_grad_norm(*this, parameters, split, max_norm, norm_type);
   return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
 }
 

@@ -58,8 +58,12 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::nn::Linear& whol
     : ColumnParallelLinearImpl(rows_of(whole->weight, group, "a column-parallel layer's output features"),
                                rows_of(whole->bias, group, "a column-parallel layer's output features"), group) {}
 
-ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::Tensor& w, const torch::Tensor& b, ProcessGroup group)
-    : group_(std::move(group)) {
+ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::Tensor& w, const torch::Tensor& b, ProcessGroup group,
+                                                   int64_t packed)
+    : group_(std::move(group)), packed_(packed) {
+  if (packed < 1 || w.size(0) % packed != 0)
+    throw UsageError("ColumnParallelLinear: a part of " + std::to_string(w.size(0)) + " rows does not hold " +
+                     std::to_string(packed) + " packed matrices");
   torch::NoGradGuard no_grad;
   weight = register_parameter("weight", w.detach().contiguous().clone());
   if (b.defined()) bias = register_parameter("bias", b.detach().contiguous().clone());
@@ -67,6 +71,12 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::Tensor& w, const
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
   return torch::linear(copy_to_group(x, group_), weight, bias);
+}
+
+std::vector<SplitParameter> ColumnParallelLinearImpl::split_parameters() const {
+  std::vector<SplitParameter> out{{"weight", 0, packed_}};
+  if (bias.defined()) out.push_back({"bias", 0, packed_});
+  return out;
 }
 
 RowParallelLinearImpl::RowParallelLinearImpl(const torch::nn::Linear& whole, ProcessGroup group)
@@ -97,7 +107,7 @@ torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& ids) {
 }
 
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& target,
-                                           const ProcessGroup& group) {
+                                           const ProcessGroup& group, at::Reduction::Reduction reduction) {
   if (logits.dim() != 2 || target.dim() != 1 || logits.size(0) != target.size(0))
     throw UsageError("vocab_parallel_cross_entropy: logits must be (N, vocab / " + std::to_string(group.size()) +
                      ") and target (N)");
@@ -110,7 +120,15 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const to
   const torch::Tensor mine = (target >= begin).logical_and(target < begin + part);
   const torch::Tensor column = (target - begin).clamp(0, part - 1).unsqueeze(1);
   const torch::Tensor picked = shifted.gather(1, column).squeeze(1).masked_fill(mine.logical_not(), 0.0);
-  return (sum_exp.log() - reduce_from_group(picked, group)).mean();
+  const torch::Tensor losses = sum_exp.log() - reduce_from_group(picked, group);
+  switch (reduction) {
+    case at::Reduction::None:
+      return losses;
+    case at::Reduction::Sum:
+      return losses.sum();
+    default:
+      return losses.mean();
+  }
 }
 
 }  // namespace hasten::tp

@@ -1,11 +1,12 @@
 // Tensor parallelism (hasten/tensor_parallel.hpp) against one process, in forked ranks: the char
 // LM's model (TinyGpt) split over tp = 2 by its plan (apps/examples/tp_gpt.hpp), prepared under
 // ddp, trains 50 AdamW steps to the losses the one-process model has on the same batches, within
-// 1e-5, alone (tp 2) and with data parallelism (dp 2 x tp 2 on 4 processes); its split layers
-// hold 1/tp of the parameters; a prepared loader gives both ranks of a tp group the same
-// samples and gather_for_metrics gathers over dp; zero/fsdp, clip_grad_norm_, save_state,
-// join_uneven_inputs and dispatch_batches refuse a tensor-parallel mesh in one line; a group
-// outliving its Accelerator says so.
+// 1e-5, alone (tp 2) and with data parallelism (dp 2 x tp 2 on 4 processes, clipping the
+// gradient norm, which is the whole model's); its split layers hold 1/tp of the parameters; a
+// prepared loader gives both ranks of a tp group the same samples and gather_for_metrics
+// gathers over dp; a checkpoint of a tp 2 run holds whole tensors and resumes on one process,
+// whose checkpoint resumes on dp 2 x tp 2, each with the losses of the straight run; zero/fsdp,
+// full_model, join_uneven_inputs and dispatch_batches refuse a tensor-parallel mesh in one line.
 #include <hasten/hasten.hpp>
 #include <hasten/tensor_parallel.hpp>
 
@@ -13,6 +14,10 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -42,30 +47,35 @@ torch::Tensor tokens(int64_t step, int64_t rows) {
   return torch::randint(0, kVocab, {rows, kSeq + 1}, torch::kLong);
 }
 
-// The one-process model's losses on the global batches of `rows` sequences.
-std::vector<double> reference_losses(int64_t rows) {
+// The one-process model's losses on the global batches of `rows` sequences, and (clip > 0) its
+// gradient norms before clipping to `clip`.
+std::pair<std::vector<double>, std::vector<double>> reference_losses(int64_t rows, double clip) {
   auto net = build();
   torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-3));
-  std::vector<double> losses;
+  std::vector<double> losses, norms;
   for (int64_t step = 0; step < kSteps; ++step) {
     const auto t = tokens(step, rows);
     auto loss = hasten::workloads::loss("gpt-tiny", net->forward(t.narrow(1, 0, kSeq).t()), t.narrow(1, 1, kSeq));
     adamw.zero_grad();
     loss.backward();
+    if (clip > 0) norms.push_back(torch::nn::utils::clip_grad_norm_(net->parameters(), clip));
     adamw.step();
     losses.push_back(loss.item<double>());
   }
-  return losses;
+  return {losses, norms};
 }
 
 // Trains TinyGpt split over the mesh's tp group, each dp rank on its part of the global batch,
-// and checks every step's loss (averaged over dp) against the one-process model's.
-void train_split(int dp, int tp) {
+// and checks every step's loss (averaged over dp) against the one-process model's; with
+// clip > 0 every step clips the gradient norm (over the whole model: its parts summed over
+// tp), which must equal the one-process model's and exceed `clip` on some steps.
+void train_split(int dp, int tp, double clip = 0) {
   Accelerator acc(mesh_options(dp, 1, tp));
   auto mesh = acc.device_mesh();
   const auto tp_group = mesh.group("tp"), dp_group = mesh.group("dp");
   require(tp_group.size() == tp && dp_group.size() == dp, "mesh sizes");
-  const auto want = reference_losses(kBatch * dp);
+  const auto [want, want_norms] = reference_losses(kBatch * dp, clip);
+  int clipped = 0;
 
   auto whole = build();
   TpGpt split(*whole, tp_group);
@@ -95,6 +105,12 @@ void train_split(int dp, int tp) {
     auto logits = model(t.narrow(1, 0, kSeq).t());
     auto loss = split->loss(logits, t.narrow(1, 1, kSeq));
     acc.backward(loss);
+    if (clip > 0) {
+      const double norm = acc.clip_grad_norm_(model, clip), ref = want_norms[static_cast<size_t>(step)];
+      require(std::abs(norm - ref) <= 1e-5 * ref, "step " + std::to_string(step) + ": gradient norm " +
+                                                      std::to_string(norm) + ", one process " + std::to_string(ref));
+      clipped += norm > clip ? 1 : 0;
+    }
     opt.step();
     opt.zero_grad();
     auto mean = loss.detach().reshape({1}).clone();
@@ -104,9 +120,10 @@ void train_split(int dp, int tp) {
     require(std::abs(got - ref) <= 1e-5 * std::abs(ref), "step " + std::to_string(step) + ": loss " + std::to_string(got) +
                                                              ", one process " + std::to_string(ref));
   }
+  require(clip == 0 || clipped > 0, "the clip never bit: no gradient norm exceeded " + std::to_string(clip));
   if (acc.is_main_process())
-    std::printf("tp %d x dp %d: %lld steps within %.3g relative of one process (last loss %.6f)\n", tp, dp,
-                static_cast<long long>(kSteps), worst, want.back());
+    std::printf("tp %d x dp %d%s: %lld steps within %.3g relative of one process (last loss %.6f, clipped on %d)\n", tp,
+                dp, clip > 0 ? " with clip_grad_norm_" : "", static_cast<long long>(kSteps), worst, want.back(), clipped);
   // Both ranks of a tp group hold the same replicated parameters (pos, norms) after training.
   auto pos = split->pos->weight.detach().clone();
   auto first = pos.clone();
@@ -114,14 +131,134 @@ void train_split(int dp, int tp) {
   require(torch::equal(pos, first), "the replicated position embedding differs across the tp group");
 }
 
+// Checkpoints across tp sizes. One epoch of kResumeEnd global batches of kRows sequences, in
+// order; each dp rank reads kRows / dp of each.
+constexpr int64_t kRows = 8, kResumeEnd = 20;
+
+hasten::TensorDataset epoch_of_batches() {
+  std::vector<torch::Tensor> all;
+  for (int64_t step = 0; step < kResumeEnd; ++step) all.push_back(tokens(step, kRows));
+  torch::Tensor t = torch::cat(all);
+  return hasten::TensorDataset(t, torch::arange(t.size(0)));
+}
+
+void write_losses(const std::filesystem::path& file, const std::map<int64_t, double>& losses) {
+  std::ofstream out(file);
+  char line[64];
+  for (auto& [step, loss] : losses) {
+    std::snprintf(line, sizeof line, "%lld %.17g\n", static_cast<long long>(step), loss);
+    out << line;
+  }
+}
+
+// Every resumed step's loss against the straight tp 2 run's, within 1e-5 relative.
+void check_losses(const std::filesystem::path& file, const std::map<int64_t, double>& got, const std::string& what) {
+  std::map<int64_t, double> want;
+  std::ifstream in(file);
+  long long step = 0;
+  double loss = 0;
+  while (in >> step >> loss) want[step] = loss;
+  require(!got.empty(), what + ": no steps");
+  double worst = 0;
+  for (auto& [at, value] : got) {
+    require(want.count(at) > 0, what + ": step " + std::to_string(at) + " is not in the straight run");
+    const double ref = want[at];
+    worst = std::max(worst, std::abs(value - ref) / std::abs(ref));
+    require(std::abs(value - ref) <= 1e-5 * std::abs(ref), what + ": step " + std::to_string(at) + ": loss " +
+                                                               std::to_string(value) + ", the straight run's " +
+                                                               std::to_string(ref));
+  }
+  std::printf("%s: steps %lld..%lld within %.3g relative of the straight tp 2 run\n", what.c_str(),
+              static_cast<long long>(got.begin()->first), static_cast<long long>(got.rbegin()->first), worst);
+}
+
+// TinyGpt split over the mesh dp x tp, trained on the prepared loader from the checkpoint
+// `load` (when given) to the end of the epoch, saved into `save` after step `save_after`
+// (when given). The losses (averaged over dp) of the steps it took, by step, checked against
+// the straight run's in `losses` (with `what`), or written there by rank 0 when `what` is empty.
+void train_checkpointed(int dp, int tp, const std::string& load, const std::string& save, int64_t save_after,
+                        const std::filesystem::path& losses_file, const std::string& what) {
+  Accelerator acc(mesh_options(dp, 1, tp));
+  auto mesh = acc.device_mesh();
+  auto whole = build();
+  TpGpt split(*whole, mesh.group("tp"));
+  whole.reset();
+  torch::optim::AdamW adamw(split->parameters(), torch::optim::AdamWOptions(1e-3));
+  auto [model, opt] = acc.prepare(split.ptr(), adamw);
+  hasten::DataLoader data(epoch_of_batches(), {.batch_size = kRows / dp});
+  auto loader = acc.prepare(data);
+  int64_t step = 0;
+  if (!load.empty()) {
+    acc.load_state(load);
+    step = std::stoll(std::filesystem::path(load).filename().string().substr(6)) + 1;  // "after-N"
+  }
+  std::map<int64_t, double> losses;
+  for (auto& batch : loader) {
+    const torch::Tensor& t = batch.input;
+    auto loss = split->loss(model(t.narrow(1, 0, kSeq).t()), t.narrow(1, 1, kSeq));
+    acc.backward(loss);
+    opt.step();
+    opt.zero_grad();
+    auto mean = loss.detach().reshape({1}).clone();
+    mesh.group("dp").all_reduce_(mean, hasten::ReduceOp::Avg);
+    losses[step] = mean.item<double>();
+    if (step == save_after && !save.empty()) acc.save_state(save);
+    ++step;
+  }
+  require(step == kResumeEnd, "the resumed loader ended at step " + std::to_string(step) + ", not " +
+                                  std::to_string(kResumeEnd));
+  if (!what.empty())
+    check_losses(losses_file, losses, what);
+  else if (acc.is_main_process())
+    write_losses(losses_file, losses);
+}
+
+// A user's own tensor-parallel layer, clonable (hasten's are not): full_model refuses a model
+// that holds split parts, whose clone would hold parts too.
+struct HalfRowsImpl : torch::nn::Cloneable<HalfRowsImpl>, hasten::tp::SplitModule {
+  explicit HalfRowsImpl(hasten::ProcessGroup g) : group(std::move(g)) { reset(); }
+  void reset() override { weight = register_parameter("weight", torch::ones({1, 2})); }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::linear(x, weight); }
+  std::vector<hasten::tp::SplitParameter> split_parameters() const override { return {{"weight", 0}}; }
+  const hasten::ProcessGroup& split_group() const override { return group; }
+  hasten::ProcessGroup group;
+  torch::Tensor weight;
+};
+TORCH_MODULE(HalfRows);
+
 }  // namespace
+
+TEST(TensorParallel, CheckpointResumesOnOtherTpSizes) {
+  hasten::test::TempDir dir;
+  const auto root = dir.path();
+  const std::string a = (root / "after-9").string(), b = (root / "after-14").string();
+  // tp 2 straight through, saving after step 9: whole tensors in the file.
+  const auto straight = root / "straight.txt";
+  hasten::launch([&] { train_checkpointed(1, 2, "", a, 9, straight, ""); },
+      with_ranks(2, {{"HASTEN_COMM", "shm"}, {"HASTEN_STRATEGY", "ddp"}}, 300));
+  auto saved = hasten::load_safetensors((std::filesystem::path(a) / "model.safetensors").string());
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (auto& [name, t] : saved) shapes[name] = t.sizes().vec();
+  ASSERT_EQ(shapes["tok.weight"], (std::vector<int64_t>{kVocab, kWidth}));
+  ASSERT_EQ(shapes["layers.0.qkv.weight"], (std::vector<int64_t>{3 * kWidth, kWidth}));
+  ASSERT_EQ(shapes["layers.1.out_proj.weight"], (std::vector<int64_t>{kWidth, kWidth}));
+  ASSERT_EQ(shapes["head.weight"], (std::vector<int64_t>{kVocab, kWidth}));
+  // On one process (tp 1): resumes with the straight run's losses, and saves after step 14.
+  hasten::launch(
+      [&] { train_checkpointed(1, 1, a, b, 14, straight, "tp 2 -> tp 1"); },
+      with_ranks(1, {{"HASTEN_COMM", "shm"}, {"HASTEN_STRATEGY", "ddp"}}, 300));
+  // That checkpoint on dp 2 x tp 2 (the loader resharded over 2 dp ranks).
+  hasten::launch(
+      [&] { train_checkpointed(2, 2, b, "", -1, straight, "tp 1 -> dp 2 x tp 2"); },
+      with_ranks(4, {{"HASTEN_COMM", "shm"}, {"HASTEN_STRATEGY", "ddp"}}, 300));
+}
 
 TEST(TensorParallel, TwoRanksEqualOneProcess) {
   hasten::launch([] { train_split(1, 2); }, with_ranks(2, {{"HASTEN_COMM", "shm"}, {"HASTEN_STRATEGY", "ddp"}}, 300));
 }
 
-TEST(TensorParallel, DataParallelTimesTensorParallelEqualOneProcess) {
-  hasten::launch([] { train_split(2, 2); }, with_ranks(4, {{"HASTEN_COMM", "gloo"}, {"HASTEN_STRATEGY", "ddp"}}, 300));
+TEST(TensorParallel, DataParallelTimesTensorParallelWithClippingEqualOneProcess) {
+  hasten::launch([] { train_split(2, 2, 0.5); }, with_ranks(4, {{"HASTEN_COMM", "gloo"}, {"HASTEN_STRATEGY", "ddp"}}, 300));
 }
 
 TEST(TensorParallel, LoaderShardsOverDataParallelRanks) {
@@ -173,12 +310,6 @@ TEST(TensorParallel, RefusalsAreOneLine) {
         auto [model, opt] = acc.prepare(net, sgd);
         acc.backward(model(torch::ones({1, 2})).sum());
         try {
-          acc.clip_grad_norm_(model, 1.0);
-          require(false, "clip_grad_norm_ under tp was accepted");
-        } catch (const hasten::UsageError& e) {
-          require(std::string(e.what()).find("tensor-parallel shards is not computed yet") != std::string::npos, e.what());
-        }
-        try {
           auto scope = acc.join_uneven_inputs({model});
           require(false, "join_uneven_inputs under tp was accepted");
         } catch (const hasten::UsageError& e) {
@@ -193,13 +324,13 @@ TEST(TensorParallel, RefusalsAreOneLine) {
         } catch (const hasten::UsageError& e) {
           require(std::string(e.what()).find("dispatch_batches under tensor parallelism") != std::string::npos, e.what());
         }
-        hasten::test::TempDir dir;
+        HalfRows half(acc.device_mesh().group("tp"));
+        auto split_model = acc.prepare(half);
         try {
-          acc.save_state((dir.path() / "ckpt").string());
-          require(false, "save_state under tp was accepted");
+          auto copy = acc.full_model(split_model);
+          require(false, "full_model under tp was accepted");
         } catch (const hasten::UsageError& e) {
-          require(std::string(e.what()).find("checkpoints of tensor-parallel shards are not written") != std::string::npos,
-                  e.what());
+          require(std::string(e.what()).find("its clone would be too") != std::string::npos, e.what());
         }
       },
       with_ranks(2, {{"HASTEN_COMM", "shm"}}));
