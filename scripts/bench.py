@@ -23,8 +23,9 @@ steps/s and the payload bytes each rank hands to collectives across machines per
 figure that carries over to a real network; the speed is not.
 
 --tp adds the tensor-parallel rows: hasten-char-lm (the char LM, widened: --tp-d-model) on 2
-processes under ddp against the same model split over a tp 2 mesh (apps/examples/tp_gpt.hpp),
-interleaved round by round: samples/s of the training loop and each side's peak RSS (rank 0).
+processes under ddp against the same model split over a tp 2 mesh (apps/examples/tp_gpt.hpp), the
+same 16 windows a step, interleaved round by round: samples/s of the training loop and each
+side's peak RSS (rank 0).
 
 --fashion-mnist adds the real-data row: hasten-fashion-mnist trained with DDP under `hasten
 launch --num_processes 2` against scripts/fashion_mnist_torch.py (the same CNN, data order,
@@ -169,10 +170,12 @@ def run_tp(args, out_dir, env, log, raw):
     char_lm = os.path.join(args.build, "bin", "hasten-char-lm")
     hasten = os.path.join(args.build, "bin", "hasten")
     common = ["--d_model", str(args.tp_d_model), "--n_layer", str(args.tp_n_layer), "--n_head", "8", "--context", "64",
-              "--batch_size", "8", "--gradient_accumulation_steps", "1", "--max_steps", str(args.tp_steps),
+              "--gradient_accumulation_steps", "1", "--max_steps", str(args.tp_steps),
               "--val_windows", "64", "--sample_chars", "0", "--warmup_steps", "0", "--quiet", "--json",
               "--project_dir", os.path.join(out_dir, "tp-runs")]
-    sides = [("ddp2", []), ("tp2", ["--set", "parallelism_config.parallelism_config_tp_size=2"])]
+    # The same global batch of 16 windows a step: ddp's 2 processes read 8 each, tp's 2 both read 16.
+    sides = [("ddp2", ["--batch_size", "8"]),
+             ("tp2", ["--batch_size", "16", "--set", "parallelism_config.parallelism_config_tp_size=2"])]
     records = []
     for r in range(args.repeats):
         for name, extra in sides:
@@ -191,7 +194,7 @@ def run_tp(args, out_dir, env, log, raw):
 def tp_table(args, records):
     by = lambda name: {rec["round"]: rec for rec in records if rec["mode"] == name}
     ddp, tp = by("ddp2"), by("tp2")
-    lines = [f"### char LM, width {args.tp_d_model}, {args.tp_n_layer} layers, context 64, batch 8: "
+    lines = [f"### char LM, width {args.tp_d_model}, {args.tp_n_layer} layers, context 64, 16 windows a step: "
              f"ddp on 2 processes vs tp 2 ({args.tp_steps} steps)", "",
              "| side | samples/s | vs ddp2 | peak RSS MiB (rank 0) | vs ddp2 | validation loss |",
              "| --- | --- | --- | --- | --- | --- |"]
@@ -269,9 +272,9 @@ def main():
     ap.add_argument("--hsdp-workload", default="mlp-large", help="hasten-example workload of the --hsdp rows")
     ap.add_argument("--hsdp-steps", type=int, default=10, help="timed steps of each --hsdp run")
     ap.add_argument("--tp", action="store_true", help="add the char LM's ddp2 vs tp 2 rows")
-    ap.add_argument("--tp-d-model", type=int, default=1024, help="width of the --tp rows' char LM")
+    ap.add_argument("--tp-d-model", type=int, default=2048, help="width of the --tp rows' char LM")
     ap.add_argument("--tp-n-layer", type=int, default=2, help="layers of the --tp rows' char LM")
-    ap.add_argument("--tp-steps", type=int, default=20, help="optimizer steps of each --tp run")
+    ap.add_argument("--tp-steps", type=int, default=10, help="optimizer steps of each --tp run")
     ap.add_argument("--fmnist-epochs", type=int, default=1, help="Fashion-MNIST epochs (default 1)")
     ap.add_argument("--fmnist-max-steps", type=int, default=0, help="Fashion-MNIST step limit (0: the whole epochs)")
     ap.add_argument("--fmnist-processes", type=int, default=2, help="processes of each Fashion-MNIST side")

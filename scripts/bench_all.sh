@@ -21,7 +21,7 @@ fi
 # fsdp across two loopback machines: FULL_SHARD vs HSDP (HYBRID_SHARD over a 2 x 2 mesh).
 "$python" scripts/bench.py --build "$build" --repeats 3 --workloads --no-collectives --no-data-workers --hsdp \
     --out "$out/hsdp"
-# Tensor parallelism: the char LM (width 1024) under ddp on 2 processes vs split over tp 2.
+# Tensor parallelism: the char LM (width 2048) under ddp on 2 processes vs split over tp 2.
 "$python" scripts/bench.py --build "$build" --repeats 3 --workloads --no-collectives --no-data-workers --tp \
     --out "$out/tp"
 "$python" scripts/bench.py --build "$build" --workloads --modes --out "$out/collectives"

@@ -253,6 +253,37 @@ TEST(TensorParallel, CheckpointResumesOnOtherTpSizes) {
       with_ranks(4, {{"HASTEN_COMM", "shm"}, {"HASTEN_STRATEGY", "ddp"}}, 300));
 }
 
+// A checkpoint saved in the middle of an accumulation window holds each rank's partial
+// gradients of its parts: it loads on the same mesh, and elsewhere is one line.
+TEST(TensorParallel, MidWindowCheckpointLoadsOnlyOnTheSameMesh) {
+  hasten::test::TempDir dir;
+  const std::string ckpt = (dir.path() / "mid").string();
+  auto run = [ckpt](int tp, bool save) {
+    hasten::Options o = mesh_options(1, 1, tp);
+    o.gradient_accumulation_steps = 2;
+    Accelerator acc(o);
+    torch::manual_seed(0);
+    hasten::tp::ColumnParallelLinear layer(torch::nn::Linear(4, 4), acc.device_mesh().group("tp"));
+    torch::optim::SGD sgd(layer->parameters(), 0.1);
+    auto [model, opt] = acc.prepare(layer, sgd);
+    if (save) {
+      auto scope = acc.accumulate(model);
+      acc.backward(model(torch::ones({2, 4})).sum());
+      acc.save_state(ckpt);
+      return;
+    }
+    try {
+      acc.load_state(ckpt);
+      require(tp == 2, "a mid-window tp 2 checkpoint loaded on tp " + std::to_string(tp));
+    } catch (const hasten::Error& e) {
+      require(tp == 1 && std::string(e.what()).find("load only on the same mesh") != std::string::npos, e.what());
+    }
+  };
+  hasten::launch([&] { run(2, true); }, with_ranks(2, {{"HASTEN_COMM", "shm"}, {"HASTEN_STRATEGY", "ddp"}}));
+  hasten::launch([&] { run(2, false); }, with_ranks(2, {{"HASTEN_COMM", "shm"}, {"HASTEN_STRATEGY", "ddp"}}));
+  hasten::launch([&] { run(1, false); }, with_ranks(1, {{"HASTEN_COMM", "shm"}, {"HASTEN_STRATEGY", "ddp"}}));
+}
+
 TEST(TensorParallel, TwoRanksEqualOneProcess) {
   hasten::launch([] { train_split(1, 2); }, with_ranks(2, {{"HASTEN_COMM", "shm"}, {"HASTEN_STRATEGY", "ddp"}}, 300));
 }
