@@ -230,6 +230,13 @@ int run_training(const Args& a, hasten::Options options) {
   Eval last;
   std::string checkpoint;
   const auto limit_reached = [&] { return a.max_steps > 0 && progress.step >= a.max_steps; };
+  // The process's high-water mark while it trained: taken before its first checkpoint, since a
+  // save gathers whole tensors on rank 0 (under tp, the split model's and its optimizer's).
+  double training_peak_rss_mb = 0;
+  const auto save_state = [&] {
+    if (training_peak_rss_mb == 0) training_peak_rss_mb = hasten::workloads::peak_rss_mb();
+    return acc.save_state();  // hasten: <project_dir>/checkpoints/checkpoint_<N>
+  };
   double loss_sum = 0;  // this window's micro-batch losses
   int64_t micro = 0;
   while (progress.epoch < a.epochs && !limit_reached()) {
@@ -264,7 +271,7 @@ int run_training(const Args& a, hasten::Options options) {
       // Saved inside the loop, the loader's position is kept: --resume continues mid-epoch.
       if ((a.checkpoint_every > 0 && progress.step % a.checkpoint_every == 0) || stopped) {
         train_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_train).count();
-        checkpoint = acc.save_state();  // hasten: <project_dir>/checkpoints/checkpoint_<N>
+        checkpoint = save_state();
         t_train = std::chrono::steady_clock::now();
       }
       if (stopped) break;
@@ -277,7 +284,7 @@ int run_training(const Args& a, hasten::Options options) {
       acc.print(stopped ? "stopped in epoch " : "epoch ", stopped ? progress.epoch + 1 : progress.epoch, "/", a.epochs,
                 ": validation loss ", last.loss, " nats/char over ", last.count, " windows, step ", progress.step);
     if (tracking) acc.log({{"val_loss", last.loss}, {"epoch", double(progress.epoch)}}, progress.step);
-    if (!stopped) checkpoint = acc.save_state();  // hasten: one per epoch
+    if (!stopped) checkpoint = save_state();  // one per epoch
   }
   if (last.count == 0) last = evaluate(acc, model, val_loader, tp);  // nothing trained in this run
   if (tracking) acc.end_training();
@@ -321,6 +328,8 @@ int run_training(const Args& a, hasten::Options options) {
                              {"param_checksum", checksum},
                              {"gradient_checkpointing", a.gradient_checkpointing},
                              {"peak_rss_mb", hasten::workloads::peak_rss_mb()},
+                             {"peak_rss_training_mb", training_peak_rss_mb > 0 ? training_peak_rss_mb
+                                                                               : hasten::workloads::peak_rss_mb()},
                              {"rss_before_model_mb", start_rss_mb},
                              {"peak_rss_built_mb", built_rss_mb},
                              {"peak_rss_prepared_mb", prepared_rss_mb},
