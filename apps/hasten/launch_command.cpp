@@ -93,7 +93,7 @@ void warn_without_token(const LaunchPlan& plan) {
 // --max_restarts with several machines: every machine's launcher follows the rounds machine
 // 0's coordinator starts (machine_agents.hpp), so a failure anywhere restarts the workers
 // everywhere.
-int launch_across_machines(const LaunchPlan& plan, const Config& config) {
+int launch_across_machines(const LaunchPlan& plan, const Config& config, int min_machines) {
   if (plan.master_port <= 0 || plan.master_port >= 65535)
     throw ConfigError("config error: main_process_port " + std::to_string(plan.master_port) +
                       " cannot coordinate restarts across machines: give every machine the same port from 1 to "
@@ -106,6 +106,7 @@ int launch_across_machines(const LaunchPlan& plan, const Config& config) {
   s.agent_port = plan.master_port + 1;
   s.master_port = plan.master_port;
   s.max_restarts = config.max_restarts;
+  s.min_machines = min_machines;
   s.join_timeout_s = config.rendezvous_timeout_s;
   s.token = plan.run_token;
   const auto bind = current_environment().find("HASTEN_BIND_ADDR");
@@ -122,6 +123,13 @@ int launch_across_machines(const LaunchPlan& plan, const Config& config) {
                 << ": starting all workers again" << std::endl;
     LaunchPlan run = plan;
     run.master_port = round.master_port;
+    // Elastic: this round's machines and this machine's place among them.
+    run.num_machines = round.num_machines;
+    run.machine_rank = round.machine_rank;
+    run.world_size = round.num_machines * plan.local_world_size;
+    if (min_machines > 0)
+      std::cerr << "hasten launch: round " << round.number << " on " << round.num_machines << " machines (this one "
+                << round.machine_rank << "), " << run.world_size << " processes" << std::endl;
     run.env.emplace_back("TORCHELASTIC_RESTART_COUNT", std::to_string(round.number));
     run.env.emplace_back("TORCHELASTIC_MAX_RESTARTS", std::to_string(config.max_restarts));
     bool said = false;
@@ -138,7 +146,32 @@ int launch_across_machines(const LaunchPlan& plan, const Config& config) {
   }
 }
 
-int launch(const LaunchFlags& flags) {
+// torchrun's elastic spelling, --num_machines MIN:MAX: the run takes MAX as num_machines (the
+// processes per machine are num_processes / MAX) and returns MIN (0 for a plain count). The
+// config keeps a plain count: Accelerate's files have no range.
+int elastic_minimum(std::vector<std::pair<std::string, std::string>>& set) {
+  int minimum = 0;
+  for (auto& [key, value] : set) {
+    if (key != "num_machines" || value.find(':') == std::string::npos) continue;
+    const std::string lo = value.substr(0, value.find(':')), hi = value.substr(value.find(':') + 1);
+    auto number = [](const std::string& t) {
+      if (t.empty() || t.size() > 6 || t.find_first_not_of("0123456789") != std::string::npos) return -1;
+      return std::stoi(t);
+    };
+    const int a = number(lo), b = number(hi);
+    if (a < 1 || b < a)
+      throw ConfigError("config error: num_machines '" + detail::printable(value, 40) +
+                        "' is not a count or a range MIN:MAX (allowed: a whole number, or MIN:MAX with 1 <= MIN <= "
+                        "MAX, torchrun's elastic --nnodes)");
+    minimum = a == b ? 0 : a;
+    value = hi;
+  }
+  return minimum;
+}
+
+int launch(const LaunchFlags& given) {
+  LaunchFlags flags = given;
+  const int min_machines = elastic_minimum(flags.set);
   if (flags.command.empty()) return report_error("launch: no PROGRAM given (usage: hasten launch [flags] PROGRAM [ARGS...])");
   if (flags.command[0].size() > 1 && flags.command[0][0] == '-')
     return report_error(unknown_flag_message(flags.command[0], flags.known_flags));
@@ -262,7 +295,13 @@ int launch(const LaunchFlags& flags) {
     if (!plan.log_dir.empty()) std::cout << "per-rank logs: " << plan.log_dir << "/rank_<r>.log\n";
     return 0;
   }
-  if (config.max_restarts > 0 && config.num_machines > 1) return launch_across_machines(plan, config);
+  if (min_machines > 0 && config.max_restarts < 1)
+    throw ConfigError("config error: num_machines " + std::to_string(min_machines) + ":" +
+                      std::to_string(config.num_machines) +
+                      " (elastic) needs max_restarts above 0: a machine that leaves or joins restarts the workers, and "
+                      "each such restart counts");
+  if ((config.max_restarts > 0 && config.num_machines > 1) || min_machines > 0)
+    return launch_across_machines(plan, config, min_machines);
   warn_without_token(plan);
   // torchrun's --max_restarts: a failed worker stops the others and all start again, up to
   // max_restarts times; the workers learn the attempt from TORCHELASTIC_RESTART_COUNT (a

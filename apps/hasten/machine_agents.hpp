@@ -12,13 +12,22 @@
 //   the next round, up to max_restarts times, or ends the run with the failure's exit code.
 //
 // A launcher that disconnects (its machine died, it was SIGKILLed) ends the run on every other
-// machine with one line naming it: the membership is fixed (static rendezvous), so no round
-// could start without it. The coordinator lives in machine 0's launcher: losing machine 0
-// ends the run, as losing torchrun's store host does.
+// machine with one line naming it: with a fixed membership (static rendezvous) no round could
+// start without it. The coordinator lives in machine 0's launcher: losing machine 0 ends the
+// run, as losing torchrun's store host does.
+//
+// Elastic (min_machines > 0, `--num_machines MIN:MAX`): a round runs on the machines present,
+// MIN to MAX of them. The first starts once MAX have joined, or MIN have and kLastCall has
+// passed since; a launcher that disconnects stops the round and the next starts without it
+// (while MIN remain), and one that joins during a round (below MAX) stops it and the next
+// starts with it. Every new round counts against max_restarts. Each round numbers its
+// machines 0.. in the order of their machine_rank (machine 0, the coordinator's, stays 0), so
+// the workers' ranks are dense and the world is machines x processes per machine.
 //
 // The wire is one text line per message over TCP:
 //   launcher -> coordinator: JOIN <machine>, FAIL <round> <rank> <what>, END <round> <code> <interrupted>
-//   coordinator -> launcher: START <round> <port>, STOP <round> <machine> <what>, EXIT <code> <why>
+//   coordinator -> launcher: START <round> <port> <machines> <place>, STOP <round> <machine> <what>,
+//                            EXIT <code> <why>
 #pragma once
 
 #include <memory>
@@ -35,6 +44,7 @@ class MachineAgents {
     int agent_port = 0;        // the coordinator's port (main_process_port + 1)
     int master_port = 0;       // the workers' store port of the first round
     int max_restarts = 0;
+    int min_machines = 0;         // elastic: rounds run on min_machines..num_machines; 0: all, fixed
     double join_timeout_s = 300;  // rendezvous_timeout_s: how long machines may take to join
     std::string token;            // the run's secret; JOIN must carry it (empty: none)
     std::string bind_override;    // HASTEN_BIND_ADDR: where machine 0's coordinator listens
@@ -52,6 +62,8 @@ class MachineAgents {
     int master_port = 0;  // the workers' store port for this round
     int exit_code = 0;
     std::string why;      // when the run is over and did not succeed: what ended it
+    int num_machines = 0;  // the machines of this round (elastic: fewer than num_machines maybe)
+    int machine_rank = 0;  // this machine's place among them
   };
   // Blocks until the coordinator starts the next round or ends the run.
   Round next_round();
