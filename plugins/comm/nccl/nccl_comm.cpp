@@ -353,14 +353,21 @@ class NcclComm final : public hasten::sdk::Comm {
     // events_ is destroyed after this body.
   }
 
-  // ABI 1.11: a group is a communicator of its own among its members (group_connect.hpp), on
-  // this rank's device, set up as init sets up the world's (a unique id published under the
-  // group's store prefix, so it works with every NCCL this plugin loads; ncclCommSplit, NCCL
-  // 2.18+, would share the parent's resources, and is not used yet).
+  // ABI 1.11: a group's communicator, on this rank's device. Compiled against NCCL 2.18 or
+  // later (and so running it: init refuses another major.minor), ncclCommSplit of this
+  // communicator, which every rank of it calls (as the host calls split) and which shares its
+  // resources; before 2.18 a communicator of its own among the members (group_connect.hpp: a
+  // unique id published under the group's store prefix).
   Comm* split(const hasten_comm_split& split) override {
     hasten_comm_init init = init_;
     init.device_id = device_;  // the device this rank runs on, whoever picked it
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+    auto group = std::make_unique<NcclComm>(host(), options_);
+    group->init_split(*this, init, split);
+    return group.release();
+#else
     return hasten::comm::connect_group<NcclComm>(host(), options_, init, split);
+#endif
   }
 
   void init(const hasten_comm_init& init) override {
@@ -384,13 +391,7 @@ class NcclComm final : public hasten::sdk::Comm {
     const auto deadline = start + Ms(connect_ms);
     const std::string prefix = init.store_prefix ? init.store_prefix : "nccl/";
 
-    const int device = pick_device(init.device_id);
-    // The calling thread (the training loop's) keeps this rank's device current.
-    cuda_check(cudaSetDevice(device), "cudaSetDevice");
-    device_ = device;
-    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    cuda_check(cudaMalloc(&barrier_buffer_, sizeof(float)), "cudaMalloc");
-    cuda_check(cudaMemset(barrier_buffer_, 0, sizeof(float)), "cudaMemset");
+    open_device(init.device_id);
 
     ncclUniqueId id;
     if (rank_ == 0) {
@@ -424,27 +425,8 @@ class NcclComm final : public hasten::sdk::Comm {
     config.blocking = 0;  // bounded below instead of blocking without a deadline
     ncclComm_t comm = nullptr;
     const ncclResult_t r = ncclCommInitRankConfig(&comm, world_, id, rank_, &config);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      if (comm != nullptr) (void)ncclCommAbort(comm);
-      throw Error(status_of(r), "nccl: ncclCommInitRankConfig on cuda:" + std::to_string(device_) + ": " + nccl_text(r));
-    }
-    const ncclResult_t state = settle(comm, deadline);
-    if (state == ncclInProgress) {
-      (void)ncclCommAbort(comm);
-      throw Error(HASTEN_ERR_TIMEOUT, "nccl: NCCL initialisation timed out after " + std::to_string(connect_ms) +
-                                          " ms (" + which + ") on rank " + std::to_string(rank_) + " of " +
-                                          std::to_string(world_) + missing_ranks(prefix) +
-                                          "; the communicator was aborted");
-    }
-    if (state != ncclSuccess) {
-      (void)ncclCommAbort(comm);
-      throw Error(status_of(state), "nccl: NCCL initialisation failed on rank " + std::to_string(rank_) + " (cuda:" +
-                                        std::to_string(device_) + "): " + nccl_text(state));
-    }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      comm_ = comm;
-    }
+    adopt(comm, r, "ncclCommInitRankConfig", deadline,
+          " after " + std::to_string(connect_ms) + " ms (" + which + ")" + missing_ranks(prefix));
     if (rank_ == 0)
       hasten::sdk::log(host(), HASTEN_LOG_INFO, "nccl",
                        "NCCL " + version.text() + " (compiled against " + NcclVersion(NCCL_VERSION_CODE).text() +
@@ -455,6 +437,76 @@ class NcclComm final : public hasten::sdk::Comm {
   }
 
   bool supports_device(int32_t device_type) override { return device_type == kDLCUDA; }
+
+ private:
+  // This rank's device (picked when device_id is -1), made current for the calling thread (the
+  // training loop's, which keeps it), the communicator's stream and the barrier's buffer.
+  void open_device(int device_id) {
+    const int device = pick_device(device_id);
+    cuda_check(cudaSetDevice(device), "cudaSetDevice");
+    device_ = device;
+    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    cuda_check(cudaMalloc(&barrier_buffer_, sizeof(float)), "cudaMalloc");
+    cuda_check(cudaMemset(barrier_buffer_, 0, sizeof(float)), "cudaMemset");
+  }
+
+  // A communicator `call` returned r for (non-blocking): settled by the deadline, it becomes
+  // this instance's; otherwise it is aborted and the error names the call (`late`: what a
+  // timeout's message adds).
+  void adopt(ncclComm_t comm, ncclResult_t r, const char* call, Clock::time_point deadline, const std::string& late) {
+    if (r != ncclSuccess && r != ncclInProgress) {
+      if (comm != nullptr) (void)ncclCommAbort(comm);
+      throw Error(status_of(r), std::string("nccl: ") + call + " on cuda:" + std::to_string(device_) + ": " + nccl_text(r));
+    }
+    const ncclResult_t state = settle(comm, deadline);
+    if (state == ncclInProgress) {
+      (void)ncclCommAbort(comm);
+      throw Error(HASTEN_ERR_TIMEOUT, std::string("nccl: NCCL initialisation (") + call + ") timed out" + late + " on rank " +
+                                          std::to_string(rank_) + " of " + std::to_string(world_) +
+                                          "; the communicator was aborted");
+    }
+    if (state != ncclSuccess) {
+      (void)ncclCommAbort(comm);
+      throw Error(status_of(state), std::string("nccl: NCCL initialisation (") + call + ") failed on rank " +
+                                        std::to_string(rank_) + " (cuda:" + std::to_string(device_) + "): " +
+                                        nccl_text(state));
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    comm_ = comm;
+  }
+
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+  // split's communicator: ncclCommSplit of `parent` (colour: the group; key: the rank in it).
+  void init_split(NcclComm& parent, const hasten_comm_init& init, const hasten_comm_split& split) {
+    init_ = init;
+    init_.store_prefix = nullptr;
+    init_.rank = split.rank;
+    init_.world_size = split.size;
+    rank_ = split.rank;
+    world_ = split.size;
+    timeout_ms_ = init.timeout_ms > 0 ? init.timeout_ms : 1800000;
+    const int64_t connect_ms = init.connect_timeout_ms > 0 ? init.connect_timeout_ms : timeout_ms_;
+    const auto deadline = Clock::now() + Ms(connect_ms);
+    open_device(init.device_id);
+    ncclComm_t parent_comm = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(parent.mutex_);
+      parent_comm = parent.comm_;
+    }
+    if (parent_comm == nullptr)
+      throw Error(HASTEN_ERR_INVALID_USAGE, "nccl: split of a communicator that was aborted");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = nullptr;
+    const ncclResult_t r = ncclCommSplit(parent_comm, split.color, split.rank, &comm, &config);
+    adopt(comm, r, "ncclCommSplit", deadline, " after " + std::to_string(connect_ms) + " ms");
+    hasten::sdk::log(host(), HASTEN_LOG_DEBUG, "nccl",
+                     "group " + std::to_string(split.color) + ": rank " + std::to_string(rank_) + " of " +
+                         std::to_string(world_) + " (ncclCommSplit)");
+  }
+#endif
+
+ public:
 
   hasten_work* allreduce(DLTensor& b, hasten_reduce_op op, const hasten_coll_options* o) override {
     require_cuda_compact(b, device_, "nccl", "allreduce");
