@@ -117,9 +117,9 @@ RestClient::~RestClient() {
   curl_slist_free_all(impl_->headers);
 }
 
-RestResponse RestClient::post(const std::string& endpoint, const nlohmann::json& body) {
+RestResponse RestClient::post(const std::string& endpoint, const nlohmann::json& body, bool once) {
   const std::string text = body.dump();
-  return call(impl_->base + "/api/2.0/mlflow/" + endpoint, &text);
+  return call(impl_->base + "/api/2.0/mlflow/" + endpoint, &text, /*put=*/false, once);
 }
 
 RestResponse RestClient::get(const std::string& endpoint, const std::string& query) {
@@ -130,7 +130,7 @@ RestResponse RestClient::put_artifact(const std::string& path, const std::string
   return call(impl_->base + "/api/2.0/mlflow-artifacts/artifacts/" + encode_path(path), &bytes, /*put=*/true);
 }
 
-RestResponse RestClient::call(const std::string& url, const std::string* body, bool put) {
+RestResponse RestClient::call(const std::string& url, const std::string* body, bool put, bool once) {
   RestResponse r;
   CURL* c = impl_->curl;
   if (c == nullptr) {
@@ -149,6 +149,13 @@ RestResponse RestClient::call(const std::string& url, const std::string* body, b
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, std::min(impl_->timeout_ms, 5000L));
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);  // a worker thread: no SIGALRM for timeouts
   curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+  // libcurl resends a request on a fresh connection when a reused one dies before any byte of
+  // the answer (a server or proxy that closes it after acting on the request, its answer lost),
+  // without telling the caller; only a request on a new connection is never resent (libcurl
+  // 8.16's CURLOPT_FORBID_RETRY_ON_REUSE is newer than Debian 12's 7.88). A runs/create sent
+  // twice made two runs, one left RUNNING and empty (tests/integration/test_mlflow_edges.py);
+  // sent once, a lost answer is a failed call and the run is found by its token.
+  if (once) curl_easy_setopt(c, CURLOPT_FRESH_CONNECT, 1L);
   if (impl_->abort != nullptr) {
     curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, &aborted);
     curl_easy_setopt(c, CURLOPT_XFERINFODATA, const_cast<std::atomic<bool>*>(impl_->abort));

@@ -39,15 +39,18 @@ class RestClient {
   RestClient(const RestClient&) = delete;
   RestClient& operator=(const RestClient&) = delete;
 
-  // endpoint: e.g. "runs/log-batch" (under /api/2.0/mlflow/).
-  RestResponse post(const std::string& endpoint, const nlohmann::json& body);
+  // endpoint: e.g. "runs/log-batch" (under /api/2.0/mlflow/). once: a call that must not
+  // reach the server twice (runs/create): it goes on a connection of its own. libcurl sends a
+  // request again, unasked, on a new connection when a reused one closes before any answer;
+  // the server may have acted on the first one (made the run) all the same.
+  RestResponse post(const std::string& endpoint, const nlohmann::json& body, bool once = false);
   RestResponse get(const std::string& endpoint, const std::string& query);
   // An artifact through the server's artifact proxy (mlflow server --serve-artifacts, the
   // default): PUT /api/2.0/mlflow-artifacts/artifacts/<path>, path's segments URL-encoded.
   RestResponse put_artifact(const std::string& path, const std::string& bytes);
 
  private:
-  RestResponse call(const std::string& url, const std::string* body, bool put = false);
+  RestResponse call(const std::string& url, const std::string* body, bool put = false, bool once = false);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -326,11 +326,15 @@ bool RestRun::set_up() {
   }
   if (abort_) return false;
   create_tried_ = true;
-  auto r = client.post("runs/create", {{"experiment_id", experiment_id_},
-                                       {"user_id", identity_.user},
-                                       {"run_name", identity_.run_name},
-                                       {"start_time", identity_.start_ms},
-                                       {"tags", {{{"key", "hasten.run_token"}, {"value", token_}}}}});
+  // once: never resent by libcurl itself (rest_client.hpp), so that a lost answer comes back
+  // here as a failure and the next try searches for the token instead of making a second run.
+  auto r = client.post("runs/create",
+                       {{"experiment_id", experiment_id_},
+                        {"user_id", identity_.user},
+                        {"run_name", identity_.run_name},
+                        {"start_time", identity_.start_ms},
+                        {"tags", {{{"key", "hasten.run_token"}, {"value", token_}}}}},
+                       /*once=*/true);
   if (!r.ok()) {
     failed("runs/create: " + r.describe());
     return false;
