@@ -31,7 +31,6 @@
 namespace F = torch::nn::functional;
 namespace ex = hasten::examples;
 using hasten::workloads::TinyGptImpl;
-using hasten::workloads::TpGptImpl;
 
 namespace {
 
@@ -139,10 +138,6 @@ int run_training(const Args& a, hasten::Options options) {
   if (tp != nullptr && a.gradient_checkpointing)
     throw hasten::UsageError("--gradient_checkpointing: not under tensor parallelism (tp " +
                              std::to_string(tp_group.size()) + "): the split model's blocks are not checkpointing units");
-  if (tp != nullptr && !a.save_model.empty())
-    throw hasten::UsageError("--save_model: not under tensor parallelism (tp " + std::to_string(tp_group.size()) +
-                             "): save_model would write the split model's names, which --init_from does not read; "
-                             "checkpoints (--checkpoint_every, --resume) hold the whole tensors");
   torch::set_num_threads(a.threads);
   hasten::set_blas_threads(a.threads);  // the BLAS's pool: MKL follows LibTorch's, an OpenBLAS has its own
   torch::manual_seed(a.seed);
@@ -292,9 +287,8 @@ int run_training(const Args& a, hasten::Options options) {
 
   // The full weights on the main process (every rank takes part: sharded strategies gather),
   // for the checksum and for sampling from a plain float32 copy of the model.
-  auto state = acc.get_state_dict(model);  // hasten
-  if (tp != nullptr)  // the split model's whole tensors, under the one-process model's names
-    for (auto& [name, tensor] : state) name = TpGptImpl::whole_name(name);
+  // Under tp the split model's whole tensors, under the one-process model's names (tp_gpt.hpp).
+  const auto state = acc.get_state_dict(model);  // hasten
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double samples_per_s = train_s > 0 ? static_cast<double>(steps_this_run * per_step) / train_s : 0.0;
   if (!acc.is_main_process()) return 0;

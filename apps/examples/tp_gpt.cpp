@@ -13,16 +13,25 @@ torch::Tensor packed_rows(const torch::Tensor& packed, int64_t width, int64_t be
 
 }  // namespace
 
-TpCausalBlockImpl::TpCausalBlockImpl(const CausalBlock& whole, const hasten::ProcessGroup& tp) {
-  const auto& attn = whole->self_attn;
-  const int64_t width = attn->options.embed_dim(), heads = attn->options.num_heads();
+TpSelfAttentionImpl::TpSelfAttentionImpl(const torch::nn::MultiheadAttention& whole, const hasten::ProcessGroup& tp)
+    : group(tp) {
+  const int64_t width = whole->options.embed_dim(), heads = whole->options.num_heads();
   head_dim = width / heads;
   const auto [h0, h1] = hasten::tp::part_of(heads, tp, "the attention heads");
   local_heads = h1 - h0;
-  qkv = register_module("qkv", hasten::tp::ColumnParallelLinear(
-                                   packed_rows(attn->in_proj_weight, width, h0 * head_dim, h1 * head_dim),
-                                   packed_rows(attn->in_proj_bias, width, h0 * head_dim, h1 * head_dim), tp, 3));
-  out_proj = register_module("out_proj", hasten::tp::RowParallelLinear(attn->out_proj, tp));
+  torch::NoGradGuard no_grad;
+  in_proj_weight = register_parameter("in_proj_weight",
+                                      packed_rows(whole->in_proj_weight, width, h0 * head_dim, h1 * head_dim));
+  in_proj_bias = register_parameter("in_proj_bias", packed_rows(whole->in_proj_bias, width, h0 * head_dim, h1 * head_dim));
+  out_proj = register_module("out_proj", hasten::tp::RowParallelLinear(whole->out_proj, tp));
+}
+
+torch::Tensor TpSelfAttentionImpl::project(const torch::Tensor& src) {
+  return torch::linear(hasten::tp::copy_to_group(src, group), in_proj_weight, in_proj_bias);
+}
+
+TpCausalBlockImpl::TpCausalBlockImpl(const CausalBlock& whole, const hasten::ProcessGroup& tp) {
+  self_attn = register_module("self_attn", TpSelfAttention(whole->self_attn, tp));
   linear1 = register_module("linear1", hasten::tp::ColumnParallelLinear(whole->linear1, tp));
   linear2 = register_module("linear2", hasten::tp::RowParallelLinear(whole->linear2, tp));
   norm1 = register_module("norm1", whole->norm1);  // whole on every rank: shared with the model made from
@@ -32,17 +41,18 @@ TpCausalBlockImpl::TpCausalBlockImpl(const CausalBlock& whole, const hasten::Pro
 torch::Tensor TpCausalBlockImpl::forward(const torch::Tensor& src, const torch::Tensor& mask) {
   // CausalBlockImpl::forward's arithmetic on this rank's heads (workloads.cpp), the output
   // projection's sum over the group in out_proj.
-  const int64_t len = src.size(0), batch = src.size(1), width = local_heads * head_dim;
+  const int64_t len = src.size(0), batch = src.size(1);
+  const int64_t heads = self_attn->local_heads, head_dim = self_attn->head_dim, width = heads * head_dim;
   const torch::Tensor proj =
-      qkv(src).unflatten(-1, {3, width}).unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous();
+      self_attn->project(src).unflatten(-1, {3, width}).unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous();
   auto heads_first = [&](const torch::Tensor& t) {
-    return t.view({len, batch * local_heads, head_dim}).transpose(0, 1).view({batch, local_heads, len, head_dim});
+    return t.view({len, batch * heads, head_dim}).transpose(0, 1).view({batch, heads, len, head_dim});
   };
   const torch::Tensor attn_mask = mask.defined() ? mask.unsqueeze(0).unsqueeze(0) : torch::Tensor();
   torch::Tensor attn =
       at::scaled_dot_product_attention(heads_first(proj[0]), heads_first(proj[1]), heads_first(proj[2]), attn_mask, 0.0, false);
   attn = attn.permute({2, 0, 1, 3}).reshape({batch * len, width});
-  attn = out_proj(attn).view({len, batch, -1});
+  attn = self_attn->out_proj(attn).view({len, batch, -1});
   const torch::Tensor x = norm1(src + attn);
   return norm2(x + linear2(torch::relu(linear1(x))));
 }
@@ -71,18 +81,6 @@ torch::Tensor TpGptImpl::forward(torch::Tensor idx) {
   const torch::Tensor mask = causal_mask.narrow(0, 0, s).narrow(1, 0, s);
   for (const auto& b : *blocks) h = b->as<TpCausalBlockImpl>()->forward(h, mask);
   return head(h);
-}
-
-std::string TpGptImpl::whole_name(const std::string& name) {
-  // layers.N.qkv.{weight,bias} -> layers.N.self_attn.in_proj_{weight,bias};
-  // layers.N.out_proj.X -> layers.N.self_attn.out_proj.X; the rest is named alike.
-  for (const char* part : {".qkv.", ".out_proj."}) {
-    const auto at = name.find(part);
-    if (at == std::string::npos) continue;
-    const std::string head = name.substr(0, at), tail = name.substr(at + std::string(part).size());
-    return std::string(part) == ".qkv." ? head + ".self_attn.in_proj_" + tail : head + ".self_attn.out_proj." + tail;
-  }
-  return name;
 }
 
 torch::Tensor TpGptImpl::loss(const torch::Tensor& logits, const torch::Tensor& targets) const {

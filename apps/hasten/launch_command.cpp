@@ -278,6 +278,18 @@ int launch(const LaunchFlags& given) {
   if (config.tee || !config.log_dir.empty())
     plan.log_dir = config.log_dir.empty() ? std::string("hasten_logs/launch") : config.log_dir;
 
+  if (min_machines > 0 && config.max_restarts < 1)
+    throw ConfigError("config error: num_machines " + std::to_string(min_machines) + ":" +
+                      std::to_string(config.num_machines) +
+                      " (elastic) needs max_restarts above 0: a machine that leaves or joins restarts the workers, and "
+                      "each such restart counts");
+  // Each machine's copy of a checkpoint is tied to the machines that wrote it (check_machine_copy):
+  // a round on other machines could not load it.
+  if (min_machines > 0 && config.save_on_each_node)
+    throw ConfigError("config error: num_machines " + std::to_string(min_machines) + ":" +
+                      std::to_string(config.num_machines) +
+                      " (elastic) with save_on_each_node: each machine's checkpoint copy loads only on the machines "
+                      "that wrote it; give the machines a shared file system (save_on_each_node: false)");
   if (flags.dry_run) {
     std::cout << "hasten launch plan (dry run: nothing is started)\n"
               << "machine " << plan.machine_rank << " of " << plan.num_machines << ", "
@@ -295,13 +307,7 @@ int launch(const LaunchFlags& given) {
     if (!plan.log_dir.empty()) std::cout << "per-rank logs: " << plan.log_dir << "/rank_<r>.log\n";
     return 0;
   }
-  if (min_machines > 0 && config.max_restarts < 1)
-    throw ConfigError("config error: num_machines " + std::to_string(min_machines) + ":" +
-                      std::to_string(config.num_machines) +
-                      " (elastic) needs max_restarts above 0: a machine that leaves or joins restarts the workers, and "
-                      "each such restart counts");
-  if ((config.max_restarts > 0 && config.num_machines > 1) || min_machines > 0)
-    return launch_across_machines(plan, config, min_machines);
+  if (config.max_restarts > 0 && config.num_machines > 1) return launch_across_machines(plan, config, min_machines);
   warn_without_token(plan);
   // torchrun's --max_restarts: a failed worker stops the others and all start again, up to
   // max_restarts times; the workers learn the attempt from TORCHELASTIC_RESTART_COUNT (a

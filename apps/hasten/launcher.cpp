@@ -247,7 +247,9 @@ int run_workers(const LaunchPlan& plan, bool* interrupted, int* failed_rank) {
       forwarded_signal = sig;
       supervisor.stop(sig);
     }
-    if (plan.stop_requested && !supervisor.stopping() && plan.stop_requested()) supervisor.stop(SIGTERM);
+    // Asked on every pass, also while stopping: across machines it is also this launcher's
+    // heartbeat to machine 0's coordinator (machine_agents.hpp), which a long grace must not mute.
+    if (plan.stop_requested && plan.stop_requested() && !supervisor.stopping()) supervisor.stop(SIGTERM);
     // Output.
     std::vector<pollfd> fds;
     std::vector<std::pair<Worker*, Stream*>> owners;

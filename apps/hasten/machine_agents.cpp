@@ -76,10 +76,19 @@ struct MachineAgents::Impl {
   bool stop = false;
   std::string stop_reason;
 
-  // Reads what has arrived; with wait, blocks (in short polls) until something does.
+  Clock::time_point last_sent = Clock::now();
+
+  bool send(const std::string& line) {
+    last_sent = Clock::now();
+    return send_line(fd, line);
+  }
+
+  // Reads what has arrived; with wait, blocks (in short polls) until something does. Says
+  // PING when nothing was sent for kPingEvery: the coordinator's sign that this launcher lives.
   void pump(bool wait) {
     if (closed) return;
     do {
+      if (Clock::now() - last_sent >= kPingEvery) send("PING");
       pollfd p{fd, POLLIN, 0};
       const int ready = ::poll(&p, 1, wait ? 200 : 0);
       if (ready > 0) {
@@ -95,7 +104,7 @@ MachineAgents::MachineAgents(const Settings& s) : impl_(std::make_unique<Impl>()
   if (s.machine_rank == 0) impl_->coordinator = std::make_unique<MachineCoordinator>(s);
   impl_->fd = connect_to(s.machine_rank == 0 ? impl_->coordinator->local_address() : s.main_addr, s.agent_port,
                          s.join_timeout_s);
-  if (!send_line(impl_->fd, "JOIN " + std::to_string(s.machine_rank) + (s.token.empty() ? "" : " " + s.token)))
+  if (!impl_->send("JOIN " + std::to_string(s.machine_rank) + (s.token.empty() ? "" : " " + s.token)))
     throw Error("hasten launch: machine 0's launcher closed the connection while this machine joined");
 }
 
@@ -165,11 +174,11 @@ void MachineAgents::report_failure(int rank, const std::string& what) {
   std::string one_line = what;
   for (auto& c : one_line)
     if (c == '\n') c = ' ';
-  send_line(impl_->fd, "FAIL " + std::to_string(impl_->round) + " " + std::to_string(rank) + " " + one_line);
+  impl_->send("FAIL " + std::to_string(impl_->round) + " " + std::to_string(rank) + " " + one_line);
 }
 
 void MachineAgents::report_end(int code, bool interrupted) {
-  send_line(impl_->fd, "END " + std::to_string(impl_->round) + " " + std::to_string(code) + " " + (interrupted ? "1" : "0"));
+  impl_->send("END " + std::to_string(impl_->round) + " " + std::to_string(code) + " " + (interrupted ? "1" : "0"));
 }
 
 }  // namespace hasten::cli

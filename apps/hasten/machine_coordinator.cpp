@@ -88,6 +88,7 @@ class MachineCoordinator::Impl {
     int machine = -1;  // after JOIN
     std::string address;  // where it connected from
     Clock::time_point join_by;  // a connection that has not joined by then is closed
+    Clock::time_point heard;    // its last line (launchers PING every kPingEvery)
     std::string buf;
     bool member = false;  // takes part in the current round
     bool ended = false;
@@ -95,12 +96,9 @@ class MachineCoordinator::Impl {
 
   // A JOIN must come this soon after connecting.
   static constexpr std::chrono::seconds kJoinWithin{10};
-  // Elastic: how long the first round waits for the machines beyond the minimum (torchrun's
-  // last call), and how long a round that failed waits for a launcher's departure to show
-  // before it is taken for a failure of the same machines (a machine lost mid-round makes its
-  // partners' collectives fail too, and their END may arrive before its disconnection does).
+  // Elastic: how long the first round waits for the machines beyond the minimum once they have
+  // joined (torchrun's last call).
   static constexpr std::chrono::seconds kLastCall{10};
-  static constexpr std::chrono::milliseconds kSettle{1500};
   bool elastic() const { return s_.min_machines > 0 && s_.min_machines < s_.num_machines; }
   int alive() const {
     int count = 0;
@@ -147,6 +145,7 @@ class MachineCoordinator::Impl {
           peer.fd = fd;
           peer.address = host;
           peer.join_by = Clock::now() + kJoinWithin;
+          peer.heard = Clock::now();
           peers_.push_back(std::move(peer));
         }
       }
@@ -162,6 +161,7 @@ class MachineCoordinator::Impl {
         Peer& p = peers_[i - 1];
         std::deque<std::string> lines;
         const bool open = read_lines(p.fd, p.buf, lines);
+        if (!lines.empty()) p.heard = Clock::now();
         if (!open && p.buf.size() > kMaxLine)
           refuse_line("closed the connection from " + p.address + ": it sent a line longer than " +
                       std::to_string(kMaxLine) + " bytes");
@@ -169,16 +169,22 @@ class MachineCoordinator::Impl {
           if (!over_) handle(p, line);
         if (!open && !over_) gone(p);
       }
+      for (auto& p : peers_)
+        if (!over_ && p.fd >= 0 && p.machine >= 0 && Clock::now() - p.heard > kSilentFor)
+          gone(p, "went silent (no word for " + std::to_string(kSilentFor.count()) +
+                      " s: its machine is unreachable, or its launcher stopped)");
       // Peers refused or gone are dropped (their sockets closed).
       for (auto it = peers_.begin(); it != peers_.end();)
         if (it->fd < 0) it = peers_.erase(it);
         else ++it;
-      if (deciding_ && !over_ && Clock::now() >= decide_at_) {
+      if (deciding_ && !over_) {
         deciding_ = false;
         finish_round();
       }
       if (round_ < 0 && !over_ && elastic() && alive() >= s_.min_machines && Clock::now() - min_reached_ >= kLastCall)
         start_round(0);
+      if (round_ < 0 && !over_ && Clock::now() > join_deadline && elastic() && alive() >= s_.min_machines)
+        start_round(0);  // the minimum joined, the last call not yet over: the deadline ends the wait
       if (round_ < 0 && !over_ && Clock::now() > join_deadline) {
         std::string missing;
         for (int m = 0; m < s_.num_machines; ++m)
@@ -287,35 +293,32 @@ class MachineCoordinator::Impl {
   }
 
   // Once every member of the round has ended (or left), the next round or the end is decided
-  // (in run(): after kSettle where a failure may yet turn out to be a departure).
+  // (in run(), after this pass's lines: a departure read in the same pass counts).
   void maybe_finish() {
     if (deciding_ || round_ < 0) return;
     for (auto& q : peers_)
       if (q.member && q.fd >= 0 && !q.ended) return;
     deciding_ = true;
-    decide_at_ = Clock::now();
-    if (elastic() && failed_ && changed_.empty()) decide_at_ += kSettle;
   }
 
-  void gone(Peer& p) {
+  void gone(Peer& p, const std::string& how = "disconnected (its machine or its launcher died)") {
     const int m = p.machine;
     const bool member = p.member;
     ::close(p.fd);
     p.fd = -1;
     if (m < 0) return;
     if (!elastic())
-      return end_run(1, "the launcher of machine " + std::to_string(m) +
-                            " disconnected (its machine or its launcher died); the other machines stop, since no round "
-                            "can start without it");
+      return end_run(1, "the launcher of machine " + std::to_string(m) + " " + how +
+                            "; the other machines stop, since no round can start without it");
     if (round_ < 0) return;  // before the first round: it may yet join again
     if (alive() < s_.min_machines) {
       if (!deciding_) broadcast("STOP " + std::to_string(round_) + " -1 machine " + std::to_string(m) + " left");
-      return end_run(1, "the launcher of machine " + std::to_string(m) + " disconnected and " + std::to_string(alive()) +
-                            " machine" + (alive() == 1 ? "" : "s") + " remain, fewer than the minimum " +
+      return end_run(1, "the launcher of machine " + std::to_string(m) + " " + how + ", and " + std::to_string(alive()) +
+                            (alive() == 1 ? " machine remains" : " machines remain") + ", fewer than the minimum " +
                             std::to_string(s_.min_machines) + " (num_machines " + std::to_string(s_.min_machines) + ":" +
                             std::to_string(s_.num_machines) + ")");
     }
-    if (member) change("machine " + std::to_string(m) + " left (its launcher disconnected)");
+    if (member) change("machine " + std::to_string(m) + " left (its launcher " + how + ")");
   }
 
   // The machines present take part, numbered by machine_rank; each learns its place.
@@ -369,8 +372,7 @@ class MachineCoordinator::Impl {
   int port_ = 0;
   int restarts_ = 0;
   bool failed_ = false, interrupted_ = false, over_ = false;
-  bool deciding_ = false;          // every member ended: next round or end at decide_at_
-  Clock::time_point decide_at_{};
+  bool deciding_ = false;          // every member ended: next round or end, at the end of the pass
   Clock::time_point min_reached_{};  // elastic: when the minimum had joined (the last call's start)
   std::string changed_;             // elastic: the machines that left or joined during this round
   int fail_code_ = 0;

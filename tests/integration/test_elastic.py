@@ -10,7 +10,9 @@ Each round's losses equal, bit for bit, those of a run started at that world siz
 --num_processes N`, gloo) from a copy of the checkpoint the round resumed from (the loader's
 position and the optimizer resharded by load_state), and the final parameters are that run's.
 Prints the time from the kill to the first step on 2 machines and from the join to the first step
-on 3. Refused in one line each: --num_machines 3:2, and an elastic range without max_restarts."""
+on 3. A machine stopped (SIGSTOP: its connection stays open, as with a machine that lost power)
+is counted gone once it has said nothing for 10 s, and the run finishes on the other two.
+Refused in one line each: --num_machines 3:2, and an elastic range without max_restarts."""
 import csv
 import glob
 import os
@@ -57,6 +59,28 @@ class Machine:
     def _read(self):
         for line in self.p.stdout:
             self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def workers(self):
+        """The launcher's workers (each leads a process group of its own)."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == self.p.pid:
+                            found.append(int(entry))
+                except (OSError, ValueError, IndexError):
+                    pass
+        return found
+
+    def signal_all(self, sig):
+        """The launcher and its workers' groups: the whole machine, as far as this run goes."""
+        for pid in self.workers():
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                pass
+        os.killpg(self.p.pid, sig)
 
     def kill_for_good(self):
         os.killpg(self.p.pid, signal.SIGKILL)
@@ -142,6 +166,14 @@ def same(what, got, want):
           f"checkpoint")
 
 
+def silence_time(log, t_stop, machine):
+    """The time from the stop to machine 0's line that a machine went silent."""
+    for t, line in machine.lines:
+        if "went silent" in line:
+            return f"{t - t_stop:.1f} s"
+    return "?"
+
+
 def main():
     d = tempfile.mkdtemp(prefix="hasten-elastic-")
     try:
@@ -189,6 +221,28 @@ def main():
         print(f"elastic: kill -> first step on 2 machines {t_first_2 - t_kill:.2f} s; "
               f"join -> first step on 3 machines {t_first_3 - t_join:.2f} s "
               f"(resumed at steps {resumed[0][0]} and {resumed[1][0]})")
+
+        # A machine that goes silent (stopped: its connection stays open, as a machine that lost
+        # power or its network): counted gone after 10 s without a word, the run goes on without it.
+        project2 = os.path.join(d, "silent")
+        port2 = free_port()
+        quiet = [Machine(r, port2, project2, []) for r in range(3)]
+        wait_for("a checkpoint of the silent run", lambda: len(checkpoints(project2)) >= 1, 300, quiet)
+        quiet[2].signal_all(signal.SIGSTOP)
+        t_stop = time.monotonic()
+        try:
+            for i in (0, 1):
+                rc = quiet[i].wait(300)
+                if rc != 0:
+                    h.fail(f"silent run: machine launcher {i} exited {rc}:\n" + quiet[i].text())
+        finally:
+            quiet[2].signal_all(signal.SIGKILL)
+            quiet[2].p.wait()
+        log2 = quiet[0].text()
+        for want in ("went silent", "round 1 on 2 machines"):
+            if want not in log2:
+                h.fail(f"silent run: machine 0's output does not say '{want}':\n{log2}")
+        print(f"ok: a stopped machine counted gone after {silence_time(log2, t_stop, quiet[0])}; the run finished on 2 machines")
 
         # Bad ranges: one line each, nothing started.
         for args, expect in ((["--num_machines", "3:2"], "is not a count or a range MIN:MAX"),

@@ -113,9 +113,8 @@ void Engine::Impl::CheckpointLoad::run() {
   agree();
   load_models();
   // Tensor-parallel parts (saved or now): optimizer state is saved whole, and cut per rank.
-  bool split_now = false;
-  for (auto& m : s_.models) split_now = split_now || !split_layouts(*m.module).empty();
-  same_layout_ = saved_world_ == world_ && state_.value("strategy", "") == s_.strategy->name() && !split_now &&
+  same_layout_ = saved_world_ == world_ && state_.value("strategy", "") == s_.strategy->name() &&
+                 !any_split_parameters(s_.models) &&
                  state_.value("tp_size", 1) == 1;
   for (size_t i = 0; i < s_.optimizers.size(); ++i) load_optimizer(i);
   attempt([&] { read_rest(); });
@@ -144,6 +143,10 @@ void Engine::Impl::CheckpointLoad::check() const {
     if (saved_type != optimizer_type(*s_.optimizers[i].optimizer))
       throw Error("load_state: optimizer " + std::to_string(i) + " was " + saved_type + " when saved, this program prepared " +
                   optimizer_type(*s_.optimizers[i].optimizer) + " ('" + dir_.string() + "')");
+    if (layout(i) != "portable" && any_split_parameters(s_.models))
+      throw Error("load_state: optimizer " + std::to_string(i) + " (" + saved_type + ") was saved as LibTorch's "
+                  "archive (a state hasten cannot read), which cannot be cut into this run's tensor-parallel parts ('" +
+                  dir_.string() + "')");
     if (layout(i) == "per_rank" && (saved_world_ != world_ || state_.value("strategy", "") != s_.strategy->name()))
       throw Error("load_state: '" + dir_.string() + "' holds the state of an optimizer type hasten cannot read, saved by " +
                   std::to_string(saved_world_) + " ranks under " + state_.value("strategy", "?") +

@@ -221,8 +221,7 @@ std::string Engine::save_state(const std::string& requested) {
   // on any number of ranks under any strategy; LibTorch's own archive for optimizer types
   // hasten cannot read (it loads only where it was saved: same ranks, same strategy).
   json optimizer_layouts = json::array();
-  bool tensor_parallel = false;  // a model holds parts of tensors split over a group
-  for (auto& m : s.models) tensor_parallel = tensor_parallel || !split_layouts(*m.module).empty();
+  const bool tensor_parallel = any_split_parameters(s.models);  // parts of tensors split over a group
   for (size_t i = 0; i < s.optimizers.size(); ++i) {
     torch::optim::Optimizer& optimizer = *s.optimizers[i].optimizer;
     NamedTensors pieces;

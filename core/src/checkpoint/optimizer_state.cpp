@@ -134,7 +134,8 @@ std::map<size_t, NamedTensors> assemble_optimizer(const std::vector<std::pair<st
   return out;
 }
 
-// Sets the optimizer state of the model's own parameters from full state (unsharded).
+// Sets the optimizer state of the model's own parameters from full state (unsharded; a
+// tensor-parallel part takes its part of the whole).
 void set_optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& module, const NamedTensors& full) {
   std::map<std::string, std::map<std::string, torch::Tensor>> by_param;
   for (auto& [name, value] : full) {

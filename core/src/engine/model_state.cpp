@@ -24,8 +24,8 @@ std::vector<std::pair<std::string, torch::Tensor>> Engine::state_dict(size_t mod
   // Tensor-parallel parts are gathered whole (every rank takes part), rank 0 keeps them.
   const SplitLayouts splits = split_layouts(*m.module);
   if (kind != 0 && !splits.empty())
-    throw UsageError("get_state_dict(model, sharded): a tensor-parallel model's parts are not flat pieces of its "
-                     "tensors; ask for the full state dict (the default), which gathers them whole");
+    throw UsageError("get_sharded_state_dict: a tensor-parallel model's parts are not flat pieces of its tensors; "
+                     "call get_state_dict, which gathers them whole");
   const bool main = s.process.is_main_process();
   if (kind == 0 && !main && splits.empty()) return out;
   torch::NoGradGuard no_grad;

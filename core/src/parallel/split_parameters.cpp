@@ -49,9 +49,8 @@ torch::Tensor cut_part(const torch::Tensor& whole, c10::IntArrayRef part_shape, 
                        const std::string& what) {
   const std::vector<int64_t> expected = whole_shape(part_shape, layout);
   if (whole.sizes() != c10::IntArrayRef(expected))
-    throw Error(what + " has shape " + c10::str(whole.sizes()) + "; split over " + std::to_string(layout.size) +
-                " ranks as this model's part " + c10::str(part_shape) + " is, the whole is " +
-                c10::str(c10::IntArrayRef(expected)));
+    throw Error(what + " has shape " + c10::str(whole.sizes()) + ", but this model's part " + c10::str(part_shape) +
+                " is 1/" + std::to_string(layout.size) + " of a whole of shape " + c10::str(c10::IntArrayRef(expected)));
   const int64_t step = part_shape[static_cast<size_t>(layout.dim)] / layout.packed;
   std::vector<torch::Tensor> pieces;
   for (const auto& chunk : whole.chunk(layout.packed, layout.dim))
@@ -61,31 +60,31 @@ torch::Tensor cut_part(const torch::Tensor& whole, c10::IntArrayRef part_shape, 
 
 double clip_split_grad_norm(Engine& engine, const std::vector<torch::Tensor>& parameters,
                             const std::map<const void*, SplitLayout>& split, double max_norm, double norm_type) {
-  const bool inf = std::isinf(norm_type);
-  // [replicated, parts] in double: |g|^p summed (or max |g|), each part once per member.
-  double replicated = 0, parts = 0;
+  // The group comes from the layouts, which every rank has alike (not from which parameters
+  // have gradients here): every member takes part in the one all-reduce below.
   std::string group;
+  for (const auto& [impl, layout] : split) {
+    if (!group.empty() && group != layout.group)
+      throw UsageError("clip_grad_norm_: the parameters are split over more than one group ('" + group + "', '" +
+                       layout.group + "'), whose norms hasten does not combine");
+    group = layout.group;
+  }
+  const bool inf = std::isinf(norm_type);
+  // [replicated, parts] in double: |g|^p summed (or max |g|); one host read at the end.
+  torch::Tensor sums = torch::zeros({2}, torch::kDouble);
   std::vector<torch::Tensor> grads;
   for (const auto& p : parameters) {
-    if (!p.grad().defined()) continue;
+    if (!p.grad().defined() || p.grad().numel() == 0) continue;
     grads.push_back(p.grad());
-    const auto it = split.find(p.unsafeGetTensorImpl());
-    const torch::Tensor g = p.grad().detach().to(torch::kDouble);
-    const double v = inf ? g.abs().max().item<double>() : g.abs().pow(norm_type).sum().item<double>();
-    double& into = it == split.end() ? replicated : parts;
-    into = inf ? std::max(into, v) : into + v;
-    if (it == split.end()) continue;
-    if (!group.empty() && group != it->second.group)
-      throw UsageError("clip_grad_norm_: the parameters are split over more than one group ('" + group + "', '" +
-                       it->second.group + "'), whose norms hasten does not combine");
-    group = it->second.group;
+    const torch::Tensor g = p.grad().detach().to(torch::kCPU, torch::kDouble).abs();
+    const torch::Tensor v = inf ? g.max() : g.pow(norm_type).sum();
+    const int64_t k = split.count(p.unsafeGetTensorImpl()) ? 1 : 0;
+    sums[k].copy_(inf ? torch::maximum(sums[k], v) : sums[k] + v);
   }
-  if (!group.empty()) {
-    torch::Tensor t = torch::tensor({parts}, torch::kDouble);
-    engine.group_all_reduce_(group, t, inf ? ReduceOp::Max : ReduceOp::Sum);
-    parts = t.item<double>();
-  }
-  const double total = inf ? std::max(replicated, parts) : std::pow(replicated + parts, 1.0 / norm_type);
+  torch::Tensor parts = sums.narrow(0, 1, 1).clone();
+  if (!group.empty()) engine.group_all_reduce_(group, parts, inf ? ReduceOp::Max : ReduceOp::Sum);
+  const double replicated = sums[0].item<double>(), split_sum = parts.item<double>();
+  const double total = inf ? std::max(replicated, split_sum) : std::pow(replicated + split_sum, 1.0 / norm_type);
   const double coef = max_norm / (total + 1e-6);
   if (coef < 1.0)
     for (auto& g : grads) g.mul_(coef);

@@ -27,6 +27,14 @@ using SplitLayouts = std::map<std::string, SplitLayout>;
 // group of one holds its whole).
 SplitLayouts split_layouts(torch::nn::Module& model);
 
+// Whether any of the models (entries with a `module` pointer) holds tensor-parallel parts.
+template <class Models>
+bool any_split_parameters(const Models& models) {
+  for (const auto& m : models)
+    if (!split_layouts(*m.module).empty()) return true;
+  return false;
+}
+
 // The whole shape of which a tensor of shape `part` is this rank's part.
 std::vector<int64_t> whole_shape(c10::IntArrayRef part, const SplitLayout& layout);
 

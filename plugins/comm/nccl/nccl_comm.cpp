@@ -165,9 +165,10 @@ class NcclComm final : public hasten::sdk::Comm {
 
   // ABI 1.11: a group's communicator, on this rank's device. Compiled against NCCL 2.18 or
   // later (and so running it: init refuses another major.minor), ncclCommSplit of this
-  // communicator, which every rank of it calls (as the host calls split) and which shares its
-  // resources; before 2.18 a communicator of its own among the members (group_connect.hpp: a
-  // unique id published under the group's store prefix).
+  // communicator, which every rank of it calls (as the host calls split); splitShare stays 0,
+  // so the group has resources of its own and aborting it (a failed wait) leaves the world's
+  // communicator alone. Before 2.18 a communicator of its own among the members
+  // (group_connect.hpp: a unique id published under the group's store prefix).
   Comm* split(const hasten_comm_split& split) override {
     hasten_comm_init init = init_;
     init.device_id = device_;  // the device this rank runs on, whoever picked it

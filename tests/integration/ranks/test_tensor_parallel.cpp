@@ -4,9 +4,11 @@
 // 1e-5, alone (tp 2) and with data parallelism (dp 2 x tp 2 on 4 processes, clipping the
 // gradient norm, which is the whole model's); its split layers hold 1/tp of the parameters; a
 // prepared loader gives both ranks of a tp group the same samples and gather_for_metrics
-// gathers over dp; a checkpoint of a tp 2 run holds whole tensors and resumes on one process,
-// whose checkpoint resumes on dp 2 x tp 2, each with the losses of the straight run; zero/fsdp,
-// full_model, join_uneven_inputs and dispatch_batches refuse a tensor-parallel mesh in one line.
+// gathers over dp; a checkpoint of a tp 2 run holds whole tensors under TinyGpt's names and
+// resumes in the plain one-process model, whose checkpoint resumes on dp 2 x tp 2, each with the
+// losses of the straight run; a packed column-parallel layer gathers whole in the packed order;
+// zero/fsdp, full_model, join_uneven_inputs and dispatch_batches refuse a tensor-parallel mesh in
+// one line.
 #include <hasten/hasten.hpp>
 #include <hasten/tensor_parallel.hpp>
 
@@ -172,19 +174,26 @@ void check_losses(const std::filesystem::path& file, const std::map<int64_t, dou
               static_cast<long long>(got.begin()->first), static_cast<long long>(got.rbegin()->first), worst);
 }
 
-// TinyGpt split over the mesh dp x tp, trained on the prepared loader from the checkpoint
-// `load` (when given) to the end of the epoch, saved into `save` after step `save_after`
-// (when given). The losses (averaged over dp) of the steps it took, by step, checked against
-// the straight run's in `losses` (with `what`), or written there by rank 0 when `what` is empty.
+// TinyGpt split over the mesh dp x tp (at tp 1 the plain one-process model), trained on the
+// prepared loader from the checkpoint `load` (when given) to the end of the epoch, saved into
+// `save` after step `save_after` (when given). The losses (averaged over dp) of the steps it
+// took, by step, checked against the straight run's in `losses` (with `what`), or written there
+// by rank 0 when `what` is empty.
 void train_checkpointed(int dp, int tp, const std::string& load, const std::string& save, int64_t save_after,
                         const std::filesystem::path& losses_file, const std::string& what) {
   Accelerator acc(mesh_options(dp, 1, tp));
   auto mesh = acc.device_mesh();
-  auto whole = build();
-  TpGpt split(*whole, mesh.group("tp"));
-  whole.reset();
-  torch::optim::AdamW adamw(split->parameters(), torch::optim::AdamWOptions(1e-3));
-  auto [model, opt] = acc.prepare(split.ptr(), adamw);
+  std::shared_ptr<hasten::workloads::ModelImpl> net = build();
+  TpGpt split{nullptr};
+  if (tp > 1) {
+    split = TpGpt(*std::static_pointer_cast<TinyGptImpl>(net), mesh.group("tp"));
+    net = split.ptr();
+  }
+  auto loss_of = [&](const torch::Tensor& logits, const torch::Tensor& targets) {
+    return tp > 1 ? split->loss(logits, targets) : hasten::workloads::loss("gpt-tiny", logits, targets);
+  };
+  torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-3));
+  auto [model, opt] = acc.prepare(net, adamw);
   hasten::DataLoader data(epoch_of_batches(), {.batch_size = kRows / dp});
   auto loader = acc.prepare(data);
   int64_t step = 0;
@@ -195,7 +204,7 @@ void train_checkpointed(int dp, int tp, const std::string& load, const std::stri
   std::map<int64_t, double> losses;
   for (auto& batch : loader) {
     const torch::Tensor& t = batch.input;
-    auto loss = split->loss(model(t.narrow(1, 0, kSeq).t()), t.narrow(1, 1, kSeq));
+    auto loss = loss_of(model(t.narrow(1, 0, kSeq).t()), t.narrow(1, 1, kSeq));
     acc.backward(loss);
     opt.step();
     opt.zero_grad();
@@ -240,12 +249,13 @@ TEST(TensorParallel, CheckpointResumesOnOtherTpSizes) {
   std::map<std::string, std::vector<int64_t>> shapes;
   for (auto& [name, t] : saved) shapes[name] = t.sizes().vec();
   ASSERT_EQ(shapes["tok.weight"], (std::vector<int64_t>{kVocab, kWidth}));
-  ASSERT_EQ(shapes["layers.0.qkv.weight"], (std::vector<int64_t>{3 * kWidth, kWidth}));
-  ASSERT_EQ(shapes["layers.1.out_proj.weight"], (std::vector<int64_t>{kWidth, kWidth}));
+  ASSERT_EQ(shapes["layers.0.self_attn.in_proj_weight"], (std::vector<int64_t>{3 * kWidth, kWidth}));
+  ASSERT_EQ(shapes["layers.1.self_attn.out_proj.weight"], (std::vector<int64_t>{kWidth, kWidth}));
   ASSERT_EQ(shapes["head.weight"], (std::vector<int64_t>{kVocab, kWidth}));
-  // On one process (tp 1): resumes with the straight run's losses, and saves after step 14.
+  // On one process, the plain TinyGpt (the names are its own): resumes with the straight run's
+  // losses, and saves after step 14.
   hasten::launch(
-      [&] { train_checkpointed(1, 1, a, b, 14, straight, "tp 2 -> tp 1"); },
+      [&] { train_checkpointed(1, 1, a, b, 14, straight, "tp 2 -> the one-process model"); },
       with_ranks(1, {{"HASTEN_COMM", "shm"}, {"HASTEN_STRATEGY", "ddp"}}, 300));
   // That checkpoint on dp 2 x tp 2 (the loader resharded over 2 dp ranks).
   hasten::launch(
@@ -282,6 +292,31 @@ TEST(TensorParallel, MidWindowCheckpointLoadsOnlyOnTheSameMesh) {
   hasten::launch([&] { run(2, true); }, with_ranks(2, {{"HASTEN_COMM", "shm"}, {"HASTEN_STRATEGY", "ddp"}}));
   hasten::launch([&] { run(2, false); }, with_ranks(2, {{"HASTEN_COMM", "shm"}, {"HASTEN_STRATEGY", "ddp"}}));
   hasten::launch([&] { run(1, false); }, with_ranks(1, {{"HASTEN_COMM", "shm"}, {"HASTEN_STRATEGY", "ddp"}}));
+}
+
+// A column-parallel layer of 3 packed matrices (q, k, v in one), each cut by rows: its whole
+// state is the whole layer, [q; k; v], not the ranks' parts side by side.
+TEST(TensorParallel, PackedColumnParallelGathersWhole) {
+  hasten::launch(
+      [] {
+        Accelerator acc(mesh_options(1, 1, 2));
+        const auto tp = acc.device_mesh().group("tp");
+        torch::manual_seed(0);
+        torch::nn::Linear whole(4, 12);  // 3 packed matrices of 4 rows
+        std::vector<torch::Tensor> w, b;
+        for (int64_t m = 0; m < 3; ++m) {
+          w.push_back(whole->weight.detach().narrow(0, m * 4 + tp.rank() * 2, 2));
+          b.push_back(whole->bias.detach().narrow(0, m * 4 + tp.rank() * 2, 2));
+        }
+        hasten::tp::ColumnParallelLinear part(torch::cat(w), torch::cat(b), tp, 3);
+        auto model = acc.prepare(part);
+        const auto state = acc.get_state_dict(model);  // every rank takes part in the gather
+        if (!acc.is_main_process()) return;
+        require(state.size() == 2 && state[0].first == "weight" && torch::equal(state[0].second, whole->weight) &&
+                    torch::equal(state[1].second, whole->bias),
+                "the packed layer's whole state is not the whole layer");
+      },
+      with_ranks(2, {{"HASTEN_COMM", "shm"}, {"HASTEN_STRATEGY", "ddp"}}));
 }
 
 TEST(TensorParallel, TwoRanksEqualOneProcess) {
