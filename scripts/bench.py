@@ -27,6 +27,11 @@ processes under ddp against the same model split over a tp 2 mesh (apps/examples
 same 16 windows a step, interleaved round by round: samples/s of the training loop and each
 side's peak RSS (rank 0).
 
+--big-model adds big-model inference (hasten/big_modeling.hpp): a 100 M-parameter gpt-tiny-shaped
+model (403 MB of weights) built under EmptyWeights and dispatched whole into memory against a
+100 MiB CPU budget with the other units streamed from disk (hasten-bench --big-model-run),
+interleaved round by round: peak RSS, the forwards' time, and whether the logits agree.
+
 --fashion-mnist adds the real-data row: hasten-fashion-mnist trained with DDP under `hasten
 launch --num_processes 2` against scripts/fashion_mnist_torch.py (the same CNN, data order,
 optimizer and schedule in PyTorch, DistributedDataParallel on Gloo, 2 processes): samples/s of
@@ -191,6 +196,53 @@ def run_tp(args, out_dir, env, log, raw):
     return records
 
 
+def run_big_model(args, out_dir, env, log, raw):
+    """hasten-bench --big-model-run whole vs offload, round by round, on weights saved once."""
+    bench = os.path.join(args.build, "bin", "hasten-bench")
+    weights = os.path.join(out_dir, "big-model")
+    shutil.rmtree(weights, ignore_errors=True)
+    saved = run_json([bench, "--big-model-save", weights], env, log)
+    records = []
+    for r in range(args.repeats if saved else 0):
+        for side in ("whole", "offload"):
+            cmd = [bench, "--big-model-run", side, "--big-model-dir", weights, "--big-model-budget-mib",
+                   str(args.big_model_budget_mib)]
+            for rec in run_json(cmd, env, log):
+                rec.update({"round": r, "impl": "hasten", "mode": side, "workload": "big-model",
+                            "model_bytes": saved[0]["bytes"]})
+                records.append(rec)
+                raw.write(json.dumps(rec) + "\n")
+                raw.flush()
+                print(f"  big-model {side} round {r}: peak RSS {rec['peak_rss_mb']:.0f} MiB, "
+                      f"forwards {rec['forward_seconds']:.2f} s", file=sys.stderr)
+    shutil.rmtree(weights, ignore_errors=True)
+    return records
+
+
+def big_model_table(args, records):
+    by = lambda name: {rec["round"]: rec for rec in records if rec["mode"] == name}
+    whole, offload = by("whole"), by("offload")
+    mb = records[0]["model_bytes"] / 1048576
+    lines = [f"### Big-model inference: {mb:.0f} MiB of weights, 4 forwards (seq 64, batch 4) under NoGradGuard", "",
+             "Peak RSS: the process's high-water mark (LibTorch's runtime included, about "
+             f"{median([x['rss_before_model_mb'] for x in records]):.0f} MiB before the model); model's share: peak "
+             "RSS less that.", "",
+             "| side | units on disk | peak RSS MiB | model's share MiB | vs whole | forwards s | vs whole | logits |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, runs in (("whole", whole), (f"offload ({args.big_model_budget_mib:g} MiB CPU budget)", offload)):
+        if not runs:
+            continue
+        m = lambda k: median([x[k] for x in runs.values()])
+        share = lambda x: x["peak_rss_mb"] - x["rss_before_model_mb"]
+        vs = lambda f: median([f(runs[r]) / f(whole[r]) for r in runs if r in whole])
+        same = all(runs[r]["logits_checksum"] == whole[r]["logits_checksum"] for r in runs if r in whole)
+        lines.append(f"| {name} | {next(iter(runs.values()))['disk_units']} of {next(iter(runs.values()))['units']} | "
+                     f"{fmt(m('peak_rss_mb'), 0)} | {fmt(median([share(x) for x in runs.values()]), 0)} | "
+                     f"{fmt(vs(share), 2)} | {fmt(m('forward_seconds'), 2)} | "
+                     f"{fmt(vs(lambda x: x['forward_seconds']), 2)} | {'the same' if same else 'DIFFER'} |")
+    return lines + [""]
+
+
 def tp_table(args, records):
     by = lambda name: {rec["round"]: rec for rec in records if rec["mode"] == name}
     ddp, tp = by("ddp2"), by("tp2")
@@ -275,6 +327,8 @@ def main():
     ap.add_argument("--hsdp-workload", default="mlp-large", help="hasten-example workload of the --hsdp rows")
     ap.add_argument("--hsdp-steps", type=int, default=10, help="timed steps of each --hsdp run")
     ap.add_argument("--tp", action="store_true", help="add the char LM's ddp2 vs tp 2 rows")
+    ap.add_argument("--big-model", action="store_true", help="add big-model inference: whole vs streamed from disk")
+    ap.add_argument("--big-model-budget-mib", type=float, default=100, help="--big-model: the CPU budget of the offload side")
     ap.add_argument("--tp-d-model", type=int, default=2048, help="width of the --tp rows' char LM")
     ap.add_argument("--tp-n-layer", type=int, default=2, help="layers of the --tp rows' char LM")
     ap.add_argument("--tp-steps", type=int, default=10, help="optimizer steps of each --tp run")
@@ -340,6 +394,7 @@ def main():
         fmnist = run_fashion_mnist(args, out_dir, env, log, raw)
     hsdp = run_hsdp(args, out_dir, env, log, raw) if args.hsdp else []
     tp = run_tp(args, out_dir, env, log, raw) if args.tp else []
+    big = run_big_model(args, out_dir, env, log, raw) if args.big_model else []
     collectives = []
     if not args.no_collectives:
         collectives += run_json([bench, "--collectives"], env, log)
@@ -387,6 +442,8 @@ def main():
         lines += hsdp_table(args, hsdp)
     if tp:
         lines += tp_table(args, tp)
+    if big:
+        lines += big_model_table(args, big)
     if collectives:
         lines += ["### Collectives, 2 ranks, float32 (GB/s = bytes per rank / median time of the slowest rank)", "",
                   "copy ms: a plain memcpy of the bytes each rank must move (allreduce: its buffer; allgather: the "

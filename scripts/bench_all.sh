@@ -24,8 +24,11 @@ fi
 # Tensor parallelism: the char LM (width 2048) under ddp on 2 processes vs split over tp 2.
 "$python" scripts/bench.py --build "$build" --repeats 3 --workloads --no-collectives --no-data-workers --tp \
     --out "$out/tp"
+# Big-model inference: the weights whole in memory vs a 100 MiB CPU budget and the rest on disk.
+"$python" scripts/bench.py --build "$build" --repeats 3 --workloads --no-collectives --no-data-workers --big-model \
+    --out "$out/big-model"
 "$python" scripts/bench.py --build "$build" --workloads --modes --out "$out/collectives"
 cat "$out/mlp-small/benchmarks.md" "$out/gpt-tiny/benchmarks.md" "$out/mlp-large/benchmarks.md" \
-    "$out/fashion-mnist/benchmarks.md" "$out/hsdp/benchmarks.md" "$out/tp/benchmarks.md" \
+    "$out/fashion-mnist/benchmarks.md" "$out/hsdp/benchmarks.md" "$out/tp/benchmarks.md" "$out/big-model/benchmarks.md" \
     "$out/collectives/benchmarks.md" > "$out/benchmarks.md"
 echo "written: $out/benchmarks.md"

@@ -33,6 +33,7 @@
 #include "../cli_checks.hpp"
 #include "../error_line.hpp"
 #include "bench_runs.hpp"
+#include "big_model.hpp"
 #include "max_model.hpp"
 #include "runner.hpp"
 #include "workloads.hpp"
@@ -119,6 +120,14 @@ int main(int argc, char** argv) {
   bool data_bound = false;
   app.add_flag("--data-workers", data_bound,
                "Time a data-bound loop (get() costs a fixed, measured amount) with DataLoader num_workers 0, 1 and 2");
+  std::string big_save, big_side, big_dir;
+  double big_budget_mib = 100;
+  app.add_option("--big-model-save", big_save, "Write the big-model rows' weights into this directory, and exit");
+  app.add_option("--big-model-run", big_side, "Big-model inference: whole (every module in memory) or offload")
+      ->check(CLI::IsMember({"whole", "offload"}));
+  app.add_option("--big-model-dir", big_dir, "--big-model-run: the directory --big-model-save wrote");
+  app.add_option("--big-model-budget-mib", big_budget_mib, "--big-model-run offload: the CPU's share of the weights (MiB)")
+      ->check(hasten::cli::finite_in(1, 1e9));
   std::string checkpoint_dir;
   app.add_option("--checkpoints", checkpoint_dir,
                  "Time save_state/load_state against plain file I/O in this directory instead (modes: default ddp2 zero3)");
@@ -137,6 +146,18 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
+    if (!big_save.empty()) {
+      hasten::bench::big_model_save(big_save);
+      return 0;
+    }
+    if (!big_side.empty()) {
+      if (big_dir.empty()) {
+        std::cerr << "hasten-bench: error: --big-model-run needs --big-model-dir (where --big-model-save wrote)" << std::endl;
+        return 2;
+      }
+      hasten::bench::big_model_run(big_side, big_dir, big_budget_mib);
+      return 0;
+    }
     if (!trial_mode.empty()) {
       hasten::bench::max_model_trial(trial_mode, trial_size > 0 ? trial_size : 1, mm.seq, mm.batch);
       return 0;

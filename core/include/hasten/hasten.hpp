@@ -2,6 +2,7 @@
 #pragma once
 
 #include <hasten/accelerator.hpp>
+#include <hasten/big_modeling.hpp>
 #include <hasten/checksum.hpp>
 #include <hasten/config.hpp>
 #include <hasten/data.hpp>

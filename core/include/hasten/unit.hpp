@@ -42,13 +42,14 @@ namespace hasten {
 
 namespace detail {
 class Engine;
+class UnitStream;
 }
 
 // What the Accelerator finds in a model's modules() and connects to the strategy.
 class UnitBase {
  public:
   virtual ~UnitBase();
-  bool hasten_attached() const noexcept { return engine_ != nullptr; }
+  bool hasten_attached() const noexcept { return engine_ != nullptr || stream_ != nullptr; }
   // Activation checkpointing (Accelerator::checkpoint_activations, config key
   // activation_checkpointing): the unit's forward keeps no activations and runs again in
   // backward. Its forward must return one tensor.
@@ -69,10 +70,14 @@ class UnitBase {
 
  private:
   friend class detail::Engine;
+  friend class detail::UnitStream;
   detail::Engine* engine_ = nullptr;
   size_t model_ = 0;
   uint32_t unit_ = 0;
   bool checkpointed_ = false;
+  // Big-model inference (big_modeling.hpp): the unit's weights are read from disk before each
+  // forward and dropped after it.
+  std::shared_ptr<detail::UnitStream> stream_;
 };
 
 namespace detail {

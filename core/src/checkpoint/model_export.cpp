@@ -14,6 +14,7 @@
 #include <map>
 
 #include "checkpoint/checkpoint_files.hpp"
+#include "checkpoint/weight_files.hpp"
 #include "engine/engine_state.hpp"
 #include "parallel/split_parameters.hpp"
 
@@ -24,8 +25,9 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr const char* kSingle = "model.safetensors";
-constexpr const char* kIndex = "model.safetensors.index.json";
+using detail::kIndex;
+using detail::kSingle;
+using detail::weight_files;
 
 std::string shard_name(size_t k, size_t n) {
   char buf[64];
@@ -48,33 +50,6 @@ void remove_stale_shards(const fs::path& dir, size_t count) {
     if (shard && !current.count(name)) stale.push_back(entry.path());
   }
   for (auto& p : stale) fs::remove(p, ec);
-}
-
-// name -> file, for every tensor of the weights at `path`.
-std::map<std::string, fs::path> weight_files(const fs::path& path, const std::string& who) {
-  std::error_code ec;
-  std::map<std::string, fs::path> out;
-  if (fs::is_regular_file(path, ec)) {
-    for (auto& [name, t] : load_safetensors(path.string())) out[name] = path;
-    return out;
-  }
-  if (!fs::is_directory(path, ec)) throw Error(who + ": '" + path.string() + "' does not exist");
-  if (fs::exists(path / kIndex, ec)) {
-    const json index = json::parse(detail::read_file(path / kIndex), nullptr, false);
-    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
-      throw Error(who + ": '" + (path / kIndex).string() + "' has no weight_map object");
-    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
-      // A file beside the index, by plain name: an absolute path or ".." would leave the directory.
-      const std::string file = it.value().is_string() ? it.value().get<std::string>() : "";
-      if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
-        throw Error(who + ": '" + (path / kIndex).string() + "': '" + it.key() + "' maps to " + it.value().dump() +
-                    " (allowed: the name of a file beside the index)");
-      out[it.key()] = path / it.value().get<std::string>();
-    }
-    return out;
-  }
-  if (fs::exists(path / kSingle, ec)) return weight_files(path / kSingle, who);
-  throw Error(who + ": '" + path.string() + "' holds neither " + kSingle + " nor " + kIndex);
 }
 
 // Every tensor of the weights at `path`, reading each file once.

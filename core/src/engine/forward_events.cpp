@@ -4,6 +4,7 @@
 #include <hasten/logging.hpp>
 
 #include "engine/engine_state.hpp"
+#include "offload/unit_stream.hpp"
 
 namespace hasten::detail {
 
@@ -61,11 +62,13 @@ void Engine::autocast_exit(void* token) noexcept {
 namespace hasten {
 
 void UnitBase::hasten_enter() {
+  if (stream_ != nullptr) stream_->read_in();
   if (engine_ != nullptr) engine_->unit_enter(model_, unit_);
 }
 
 void UnitBase::hasten_exit(std::vector<torch::Tensor>& outputs) {
   if (engine_ != nullptr) engine_->unit_exit(model_, unit_, outputs);
+  if (stream_ != nullptr) stream_->drop();
 }
 
 }  // namespace hasten

@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "engine/engine_state.hpp"
+#include "offload/unit_stream.hpp"
 
 namespace hasten::detail {
 
@@ -37,7 +38,10 @@ void Engine::Impl::stop_sharded_build(const Engine& self) {
 
 void unit_built(torch::nn::Module& unit) {
   const Engine* engine = t_building;
-  if (engine == nullptr) return;
+  if (engine == nullptr) {
+    if (empty_weights_active()) empty_unit_weights(unit);  // big-model inference (EmptyWeights)
+    return;
+  }
   Engine::Impl& s = *engine->impl_;
   // The unit's subtree as prepare_model sees a model: the unit first, then its nested units
   // (each built, and handed over, before it).

@@ -1,0 +1,150 @@
+// Device maps (hasten/big_modeling.hpp): infer_auto_device_map sizes the units and fills the
+// devices in order; load_checkpoint_and_dispatch resolves each tensor to its innermost listed
+// module and reads it there, or hands it to its unit's stream (unit_stream.hpp).
+#include <hasten/big_modeling.hpp>
+#include <hasten/error.hpp>
+#include <hasten/safetensors.hpp>
+#include <hasten/unit.hpp>
+
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <set>
+
+#include "checkpoint/weight_files.hpp"
+#include "offload/unit_stream.hpp"
+
+namespace hasten {
+
+namespace {
+
+using detail::StoredTensor;
+using detail::UnitStream;
+
+// name is `module` or lies inside it ("" holds everything).
+bool inside(const std::string& name, const std::string& module) {
+  return module.empty() || name == module || (name.size() > module.size() && name.compare(0, module.size(), module) == 0 &&
+                                              name[module.size()] == '.');
+}
+
+void check_device(const std::string& device, const char* who, bool disk_allowed) {
+  if (device == "cpu" || (disk_allowed && device == "disk")) return;
+  if (device.rfind("cuda", 0) == 0)
+    throw UsageError(std::string(who) + ": device '" + device +
+                     "': GPUs are not placed by a device map yet (allowed: cpu" + (disk_allowed ? ", disk)" : ")"));
+  throw UsageError(std::string(who) + ": '" + device + "' is not a device (allowed: cpu" +
+                   (disk_allowed ? ", disk)" : ")"));
+}
+
+// The outermost units, by name, in module order.
+std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> outer_units(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> out;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    if (dynamic_cast<UnitBase*>(item.value().get()) == nullptr) continue;
+    bool nested = false;
+    for (auto& [name, m] : out) nested = nested || inside(item.key(), name);
+    if (!nested) out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
+// Its parameters' and buffers' bytes, at the shapes they were declared with (a unit built under
+// EmptyWeights holds none, but will).
+uint64_t bytes_of(torch::nn::Module& m) {
+  uint64_t n = 0;
+  auto add = [&](const torch::Tensor& t) {
+    n += static_cast<uint64_t>(c10::multiply_integers(detail::declared_shape(t))) * t.element_size();
+  };
+  for (auto& p : m.parameters()) add(p);
+  for (auto& b : m.buffers()) add(b);
+  return n;
+}
+
+}  // namespace
+
+DeviceMap infer_auto_device_map(torch::nn::Module& model, const std::vector<std::pair<std::string, uint64_t>>& max_memory) {
+  if (max_memory.empty()) throw UsageError("infer_auto_device_map: max_memory names no device (allowed: cpu)");
+  for (auto& [device, bytes] : max_memory) check_device(device, "infer_auto_device_map", false);
+  const auto units = outer_units(model);
+  // The root's own share: everything outside the units.
+  uint64_t in_units = 0;
+  for (auto& [name, m] : units) in_units += bytes_of(*m);
+  const uint64_t total = bytes_of(model);
+  std::vector<uint64_t> left;
+  for (auto& [device, bytes] : max_memory) left.push_back(bytes);
+  left[0] = left[0] > total - in_units ? left[0] - (total - in_units) : 0;
+  DeviceMap map{{"", max_memory[0].first}};
+  size_t d = 0;
+  for (auto& [name, m] : units) {
+    const uint64_t need = bytes_of(*m);
+    while (d < left.size() && left[d] < need) ++d;  // devices fill in order: a full one stays full
+    if (d == left.size()) {
+      map.push_back({name, "disk"});
+      continue;
+    }
+    left[d] -= need;
+    map.push_back({name, max_memory[d].first});
+  }
+  return map;
+}
+
+void load_checkpoint_and_dispatch(torch::nn::Module& model, const std::string& checkpoint, const DeviceMap& map) {
+  const char* who = "load_checkpoint_and_dispatch";
+  std::map<std::string, std::shared_ptr<torch::nn::Module>> modules;
+  for (const auto& item : model.named_modules()) modules[item.key()] = item.value();
+  for (auto& e : map) {
+    check_device(e.device, who, true);
+    auto it = modules.find(e.module);
+    if (it == modules.end()) throw UsageError(std::string(who) + ": the device map names '" + e.module + "', which the model does not have");
+    if (e.device != "disk") continue;
+    auto* unit = dynamic_cast<UnitBase*>(it->second.get());
+    if (unit == nullptr)
+      throw UsageError(std::string(who) + ": '" + e.module +
+                       "' is mapped to disk but is not a hasten::Unit (only a unit can read its weights as it runs)");
+    if (unit->hasten_attached())
+      throw UsageError(std::string(who) + ": '" + e.module + "' is prepared by an Accelerator or dispatched already");
+  }
+  // Where every stored tensor is.
+  std::map<std::string, StoredTensor> stored;
+  std::map<std::filesystem::path, SafetensorsHeader> headers;
+  for (auto& [name, file] : detail::weight_files(checkpoint, who)) {
+    auto h = headers.find(file);
+    if (h == headers.end()) h = headers.emplace(file, read_safetensors_header(file.string())).first;
+    for (auto& e : h->second.tensors)
+      if (e.name == name) stored[name] = {file, e.dtype, e.shape, h->second.data_start + e.begin, e.end - e.begin};
+    if (!stored.count(name)) throw Error(std::string(who) + ": '" + file.string() + "' lacks '" + name + "', which the index lists");
+  }
+  // Each tensor of the model: its innermost listed module decides.
+  std::map<std::string, std::vector<UnitStream::Slot>> streamed;  // disk unit -> its tensors
+  std::set<std::string> used;
+  torch::NoGradGuard no_grad;
+  auto place = [&](const std::string& name, torch::Tensor& tensor) {
+    const DevicePlacement* where = nullptr;
+    for (auto& e : map)
+      if (inside(name, e.module) && (where == nullptr || e.module.size() > where->module.size())) where = &e;
+    if (where == nullptr)
+      throw UsageError(std::string(who) + ": no module of the device map holds '" + name +
+                       "' (list it, a module above it, or the root \"\")");
+    auto s = stored.find(name);
+    if (s == stored.end()) throw Error(std::string(who) + ": '" + checkpoint + "' has no '" + name + "', which the model has");
+    const std::vector<int64_t> shape = detail::declared_shape(tensor);  // built under EmptyWeights: its shape then
+    if (s->second.shape != shape)
+      throw Error(std::string(who) + ": '" + name + "' has shape " + c10::str(c10::IntArrayRef(s->second.shape)) + " in '" +
+                  checkpoint + "', the model's is " + c10::str(c10::IntArrayRef(shape)));
+    used.insert(name);
+    if (where->device == "disk")
+      streamed[where->module].push_back({name, tensor, s->second});
+    else
+      tensor.set_data(detail::read_stored(s->second, tensor.scalar_type(), name));
+  };
+  for (auto& item : model.named_parameters()) place(item.key(), item.value());
+  for (auto& item : model.named_buffers()) place(item.key(), item.value());
+  for (auto& [name, s] : stored)
+    if (!used.count(name)) throw Error(std::string(who) + ": '" + checkpoint + "' has '" + name + "', which the model does not");
+  for (auto& [module, slots] : streamed)
+    UnitStream::attach(*dynamic_cast<UnitBase*>(modules.at(module).get()),
+                       std::make_shared<UnitStream>(module, std::move(slots)));
+}
+
+}  // namespace hasten

@@ -1,0 +1,71 @@
+// Units streamed from disk (unit_stream.hpp): reading a stored tensor by its offset, and a
+// unit's weights in for its forward and out after.
+#include "offload/unit_stream.hpp"
+
+#include <hasten/error.hpp>
+
+#include <torch/torch.h>
+
+#include <fcntl.h>
+#include <malloc.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace hasten::detail {
+
+torch::Tensor read_stored(const StoredTensor& stored, torch::ScalarType dtype, const std::string& name) {
+  torch::Tensor t = torch::empty(stored.shape, torch::TensorOptions().dtype(stored.dtype));
+  if (static_cast<uint64_t>(t.numel()) * t.element_size() != stored.bytes)
+    throw Error("'" + name + "' in '" + stored.file.string() + "': " + std::to_string(stored.bytes) +
+                " bytes do not hold its shape");
+  const int fd = ::open(stored.file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error("cannot open '" + stored.file.string() + "' for '" + name + "': " + std::strerror(errno));
+  auto* out = static_cast<char*>(t.data_ptr());
+  uint64_t done = 0;
+  while (done < stored.bytes) {
+    const ssize_t n = ::pread(fd, out + done, stored.bytes - done, static_cast<off_t>(stored.offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = n < 0 ? std::strerror(errno) : "the file ends early";
+      ::close(fd);
+      throw Error("cannot read '" + name + "' from '" + stored.file.string() + "': " + why);
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  ::close(fd);
+  return dtype == stored.dtype ? t : t.to(dtype);
+}
+
+UnitStream::UnitStream(std::string unit_name, std::vector<Slot> slots)
+    : unit_name_(std::move(unit_name)), slots_(std::move(slots)) {}
+
+void UnitStream::attach(UnitBase& unit, const std::shared_ptr<UnitStream>& stream) {
+  unit.stream_ = stream;
+  stream->drop();
+}
+
+void UnitStream::read_in() {
+  if (torch::GradMode::is_enabled())
+    throw UsageError("'" + unit_name_ +
+                     "' streams its weights from disk (load_checkpoint_and_dispatch), for inference: run the forward "
+                     "under torch::NoGradGuard (its weights are dropped before a backward could use them)");
+  torch::NoGradGuard no_grad;
+  for (auto& s : slots_) s.tensor.set_data(read_stored(s.stored, s.tensor.scalar_type(), s.name));
+}
+
+void UnitStream::drop() {
+  torch::NoGradGuard no_grad;
+  for (auto& s : slots_) s.tensor.set_data(torch::empty({0}, s.tensor.options()));
+  release_freed_memory();
+}
+
+void release_freed_memory() {
+  // glibc keeps freed blocks below its mmap threshold (which it raises up to 32 MiB as large
+  // blocks are freed) in the heap: a unit's weights, freed, would stay resident, and the next
+  // unit's land elsewhere. malloc_trim hands the free pages back to the system.
+  ::malloc_trim(0);
+}
+
+}  // namespace hasten::detail

@@ -1,0 +1,66 @@
+// A unit whose weights stay on disk (big-model inference, hasten/big_modeling.hpp): before each
+// forward its parameters and buffers are read from the checkpoint into fresh storage, after it
+// they are dropped again (0-element tensors of their dtype), so that of all such units only the
+// running one's weights are in memory.
+#pragma once
+
+#include <hasten/unit.hpp>
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace hasten::detail {
+
+// Where one tensor of a safetensors file is.
+struct StoredTensor {
+  std::filesystem::path file;
+  torch::ScalarType dtype = torch::kFloat;  // as stored
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;  // of its first byte in the file
+  uint64_t bytes = 0;
+};
+
+// EmptyWeights (big_modeling.hpp), for unit_built: whether one lives on this thread, and a
+// unit's weights dropped with their shapes remembered; declared_shape gives a tensor's shape
+// before it was emptied (else its own).
+bool empty_weights_active();
+void empty_unit_weights(torch::nn::Module& unit);
+std::vector<int64_t> declared_shape(const torch::Tensor& t);
+
+// Gives the pages of freed memory back to the system (weights dropped).
+void release_freed_memory();
+
+// The tensor's values as a new CPU tensor of `dtype` (converted when stored otherwise). Error
+// naming `name` and the file when it cannot be read.
+torch::Tensor read_stored(const StoredTensor& stored, torch::ScalarType dtype, const std::string& name);
+
+class UnitStream {
+ public:
+  // One of the unit's parameters or buffers (the tensor shares the module's TensorImpl, so
+  // set_data on it is the module's) and where its values are.
+  struct Slot {
+    std::string name;
+    torch::Tensor tensor;
+    StoredTensor stored;
+  };
+  UnitStream(std::string unit_name, std::vector<Slot> slots);
+  // The unit streams its weights from now on; its tensors hold none until its next forward.
+  static void attach(UnitBase& unit, const std::shared_ptr<UnitStream>& stream);
+  // Before the unit's forward: every slot read in (UsageError with autograd on: the weights
+  // would be gone before backward needs them).
+  void read_in();
+  // After it: every slot emptied.
+  void drop();
+
+ private:
+  std::string unit_name_;
+  std::vector<Slot> slots_;
+};
+
+}  // namespace hasten::detail

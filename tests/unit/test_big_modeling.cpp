@@ -1,0 +1,144 @@
+// Big-model inference (hasten/big_modeling.hpp): a model built under EmptyWeights holds no unit
+// weights; infer_auto_device_map fills the CPU budget with units in order and sends the rest to
+// disk; load_checkpoint_and_dispatch reads the weights by the map, and the model's forward
+// (under NoGradGuard) equals the whole model's bit for bit while the disk units hold their
+// weights only during their own forward. Misuses are one line each.
+#include <hasten/big_modeling.hpp>
+#include <hasten/error.hpp>
+#include <hasten/safetensors.hpp>
+#include <hasten/unit.hpp>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "test_util.hpp"
+
+namespace {
+
+constexpr int64_t kWidth = 64, kBlocks = 4;
+
+// An input layer, kBlocks unit blocks, a head; the blocks are what a device map places.
+struct StackImpl : torch::nn::Module {
+  StackImpl() {
+    in = register_module("in", torch::nn::Linear(8, kWidth));
+    for (int64_t i = 0; i < kBlocks; ++i)
+      blocks.push_back(register_module("block" + std::to_string(i), hasten::Unit<torch::nn::Linear>(kWidth, kWidth)));
+    head = register_module("head", torch::nn::Linear(kWidth, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = in(x);
+    for (auto& b : blocks) h = torch::relu(b->forward(h));
+    return head(h);
+  }
+  torch::nn::Linear in{nullptr}, head{nullptr};
+  std::vector<hasten::Unit<torch::nn::Linear>> blocks;
+};
+TORCH_MODULE(Stack);
+
+uint64_t held_bytes(torch::nn::Module& m) {
+  uint64_t n = 0;
+  for (auto& p : m.parameters()) n += static_cast<uint64_t>(p.numel()) * p.element_size();
+  return n;
+}
+
+// The whole model's weights in one file, and the model.
+Stack saved_model(const std::filesystem::path& file) {
+  torch::manual_seed(0);
+  Stack whole;
+  hasten::NamedTensors tensors;
+  for (auto& p : whole->named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
+  hasten::save_safetensors(file.string(), tensors);
+  return whole;
+}
+
+std::string what_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const hasten::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(BigModeling, DiskUnitsStreamAndTheForwardEqualsTheWholeModel) {
+  hasten::test::TempDir dir;
+  Stack whole = saved_model(dir.path() / "model.safetensors");
+  Stack big{nullptr};
+  {
+    hasten::EmptyWeights empty;
+    big = Stack();
+  }
+  for (auto& b : big->blocks) ASSERT_EQ(b->weight.numel(), 0) << "a unit built under EmptyWeights kept its weights";
+  ASSERT_EQ(big->in->weight.numel(), 8 * kWidth) << "parameters outside units are built whole";
+
+  const uint64_t unit_bytes = (kWidth * kWidth + kWidth) * 4, root_bytes = ((8 + 1) * kWidth + (kWidth + 1) * 4) * 4;
+  // Built empty, the units are sized by the shapes they were declared with.
+  const auto map = hasten::infer_auto_device_map(*big, {{"cpu", root_bytes + 2 * unit_bytes + 100}});
+  ASSERT_EQ(map.size(), 1u + kBlocks);
+  EXPECT_EQ(map[0].module, "");
+  EXPECT_EQ(map[0].device, "cpu");
+  for (int64_t i = 0; i < kBlocks; ++i) {
+    EXPECT_EQ(map[static_cast<size_t>(1 + i)].module, "block" + std::to_string(i));
+    EXPECT_EQ(map[static_cast<size_t>(1 + i)].device, i < 2 ? "cpu" : "disk");
+  }
+  hasten::load_checkpoint_and_dispatch(*big, dir.path().string(), map);  // the directory's model.safetensors
+  // Held now: the root's parameters and the two CPU units; the disk units none.
+  EXPECT_EQ(held_bytes(*big), root_bytes + 2 * unit_bytes);
+  EXPECT_TRUE(torch::equal(big->blocks[1]->weight, whole->blocks[1]->weight));
+  EXPECT_EQ(big->blocks[3]->weight.numel(), 0);
+
+  torch::manual_seed(1);
+  const torch::Tensor x = torch::randn({5, 8});
+  torch::NoGradGuard no_grad;
+  const torch::Tensor want = whole->forward(x);
+  const torch::Tensor got = big->forward(x);
+  EXPECT_TRUE(torch::equal(got, want)) << "the dispatched model's forward differs from the whole model's";
+  EXPECT_EQ(held_bytes(*big), root_bytes + 2 * unit_bytes) << "a disk unit kept its weights after its forward";
+  EXPECT_TRUE(torch::equal(big->forward(x), want)) << "a second forward differs";
+}
+
+TEST(BigModeling, MisusesAreOneLine) {
+  hasten::test::TempDir dir;
+  const auto file = dir.path() / "model.safetensors";
+  Stack whole = saved_model(file);
+  auto fresh = [] {
+    torch::manual_seed(2);
+    return Stack();
+  };
+  const hasten::DeviceMap disk_tail{{"", "cpu"}, {"block3", "disk"}};
+  {
+    Stack m = fresh();
+    hasten::load_checkpoint_and_dispatch(*m, file.string(), disk_tail);
+    const std::string e = what_of([&] { m->forward(torch::ones({1, 8})); });
+    EXPECT_NE(e.find("run the forward under torch::NoGradGuard"), std::string::npos) << e;
+  }
+  auto refused = [&](const hasten::DeviceMap& map, const std::string& expect, const std::string& path = "") {
+    Stack m = fresh();
+    const std::string e = what_of([&] { hasten::load_checkpoint_and_dispatch(*m, path.empty() ? file.string() : path, map); });
+    EXPECT_NE(e.find(expect), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  };
+  refused({{"", "cuda:0"}}, "GPUs are not placed by a device map yet");
+  refused({{"", "gpu"}}, "is not a device (allowed: cpu, disk)");
+  refused({{"", "cpu"}, {"in", "disk"}}, "'in' is mapped to disk but is not a hasten::Unit");
+  refused({{"", "cpu"}, {"block9", "disk"}}, "names 'block9', which the model does not have");
+  refused({{"block0", "cpu"}}, "no module of the device map holds 'in.weight'");
+  // A checkpoint without the head's bias, and one with a tensor the model lacks.
+  hasten::NamedTensors partial, extra;
+  for (auto& p : whole->named_parameters()) {
+    if (p.key() != "head.bias") partial.emplace_back(p.key(), p.value().detach());
+    extra.emplace_back(p.key(), p.value().detach());
+  }
+  extra.emplace_back("stray", torch::zeros({1}));
+  hasten::save_safetensors((dir.path() / "partial.safetensors").string(), partial);
+  hasten::save_safetensors((dir.path() / "extra.safetensors").string(), extra);
+  refused(disk_tail, "has no 'head.bias', which the model has", (dir.path() / "partial.safetensors").string());
+  refused(disk_tail, "has 'stray', which the model does not", (dir.path() / "extra.safetensors").string());
+  const std::string e = what_of([] { hasten::infer_auto_device_map(*Stack(), {{"cuda:0", 1}}); });
+  EXPECT_NE(e.find("GPUs are not placed by a device map yet"), std::string::npos) << e;
+}
