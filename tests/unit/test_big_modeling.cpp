@@ -2,7 +2,9 @@
 // weights; infer_auto_device_map fills the CPU budget with units in order and sends the rest to
 // disk; load_checkpoint_and_dispatch reads the weights by the map, and the model's forward
 // (under NoGradGuard) equals the whole model's bit for bit while the disk units hold their
-// weights only during their own forward. Misuses are one line each.
+// weights only during their own forward, also when that forward throws. Misuses are one line
+// each, refused before any weight is read.
+#include <hasten/accelerator.hpp>
 #include <hasten/big_modeling.hpp>
 #include <hasten/error.hpp>
 #include <hasten/safetensors.hpp>
@@ -37,6 +39,22 @@ struct StackImpl : torch::nn::Module {
   std::vector<hasten::Unit<torch::nn::Linear>> blocks;
 };
 TORCH_MODULE(Stack);
+
+// A unit holding a tensor its parent holds too (tied weights).
+struct SharedImpl : torch::nn::Module {
+  explicit SharedImpl(const torch::Tensor& t) { w = register_parameter("w", t); }
+  torch::Tensor forward(const torch::Tensor& x) { return x.matmul(w); }
+  torch::Tensor w;
+};
+TORCH_MODULE(Shared);
+struct TiedModelImpl : torch::nn::Module {
+  explicit TiedModelImpl(const torch::Tensor& t) {
+    shared = register_parameter("shared", t);
+    unit = register_module("unit", hasten::Unit<Shared>(t));
+  }
+  torch::Tensor shared;
+  hasten::Unit<Shared> unit{nullptr};
+};
 
 uint64_t held_bytes(torch::nn::Module& m) {
   uint64_t n = 0;
@@ -139,6 +157,52 @@ TEST(BigModeling, MisusesAreOneLine) {
   hasten::save_safetensors((dir.path() / "extra.safetensors").string(), extra);
   refused(disk_tail, "has no 'head.bias', which the model has", (dir.path() / "partial.safetensors").string());
   refused(disk_tail, "has 'stray', which the model does not", (dir.path() / "extra.safetensors").string());
+  refused({{"", "cpu"}, {"block3", "disk"}, {"block3", "cpu"}}, "lists 'block3' twice");
   const std::string e = what_of([] { hasten::infer_auto_device_map(*Stack(), {{"cuda:0", 1}}); });
   EXPECT_NE(e.find("GPUs are not placed by a device map yet"), std::string::npos) << e;
+  {  // a refusal reads nothing: the model keeps its own weights
+    Stack m = fresh();
+    const torch::Tensor before = m->in->weight.clone();
+    (void)what_of([&] { hasten::load_checkpoint_and_dispatch(*m, (dir.path() / "extra.safetensors").string(), disk_tail); });
+    EXPECT_TRUE(torch::equal(m->in->weight, before)) << "a refused dispatch changed the model";
+  }
+  {  // dispatched once: dispatching again and preparing it are refused
+    Stack m = fresh();
+    hasten::load_checkpoint_and_dispatch(*m, file.string(), disk_tail);
+    const std::string again = what_of([&] { hasten::load_checkpoint_and_dispatch(*m, file.string(), disk_tail); });
+    EXPECT_NE(again.find("'block3' is prepared by an Accelerator or dispatched already"), std::string::npos) << again;
+    hasten::Accelerator acc;
+    const std::string prepared = what_of([&] { auto pm = acc.prepare(m); });
+    EXPECT_NE(prepared.find("streams its weights from disk"), std::string::npos) << prepared;
+  }
+}
+
+// A unit whose forward throws lets its weights go; a tensor tied across a disk unit and a CPU
+// module is refused.
+TEST(BigModeling, AThrowingForwardDropsTheWeightsAndTiedWeightsAreRefused) {
+  hasten::test::TempDir dir;
+  const auto file = dir.path() / "model.safetensors";
+  saved_model(file);
+  torch::manual_seed(3);
+  Stack m;
+  hasten::load_checkpoint_and_dispatch(*m, file.string(), {{"", "cpu"}, {"block2", "disk"}});
+  torch::NoGradGuard no_grad;
+  EXPECT_THROW(m->blocks[2]->forward(torch::ones({1, kWidth + 1})), c10::Error);  // a shape error inside
+  EXPECT_EQ(m->blocks[2]->weight.numel(), 0) << "the weights read for a forward that threw stayed in memory";
+  EXPECT_EQ(m->blocks[2]->forward(torch::ones({1, kWidth})).size(1), kWidth);
+
+  // Tied: the root's `shared` is the unit's `w`, one tensor under two names.
+  auto shared = torch::randn({kWidth, kWidth});
+  auto tied = std::make_shared<TiedModelImpl>(shared);
+  hasten::NamedTensors tensors;
+  for (auto& p : tied->named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
+  ASSERT_EQ(tensors.size(), 2u);
+  const auto tied_file = (dir.path() / "tied.safetensors").string();
+  hasten::save_safetensors(tied_file, tensors);
+  const std::string e = what_of([&] { hasten::load_checkpoint_and_dispatch(*tied, tied_file, {{"", "cpu"}, {"unit", "disk"}}); });
+  EXPECT_NE(e.find("'shared' and 'unit.w' are one tensor (tied weights)"), std::string::npos) << e;
+  // Both on the CPU: read once, still one tensor.
+  hasten::load_checkpoint_and_dispatch(*tied, tied_file, {{"", "cpu"}});
+  EXPECT_EQ(tied->shared.unsafeGetTensorImpl(), tied->unit->w.unsafeGetTensorImpl());
+  EXPECT_TRUE(torch::equal(tied->unit->w, shared));
 }

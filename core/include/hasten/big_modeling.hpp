@@ -46,20 +46,23 @@ struct DevicePlacement {
 using DeviceMap = std::vector<DevicePlacement>;
 
 // The model's units (the outermost hasten::Unit modules, in order) placed on the devices of
-// `max_memory` in order, each on the first with room left for its parameters and buffers; what
-// no device has room for goes to "disk". The parameters outside every unit stay with the root
+// `max_memory` in order: each unit goes to the current device while its parameters and buffers
+// fit what is left there, else the current device becomes the next one (Accelerate's rule: a
+// device is not returned to); the units left when the devices are used up go to "disk". The parameters outside every unit stay with the root
 // on the first device. UsageError for an empty or unknown device (allowed: "cpu").
 DeviceMap infer_auto_device_map(torch::nn::Module& model,
                                 const std::vector<std::pair<std::string, uint64_t>>& max_memory);
 
 // Reads the weights at `checkpoint` (a .safetensors file, a directory in save_model's layout, or
-// a save_state checkpoint) into the model (built whole, or under EmptyWeights) by `map`, one
-// tensor at a time: modules on "cpu" get their values now,
+// a save_state checkpoint) into the model (built whole, or under EmptyWeights) by `map`, after
+// checking all of it, one tensor at a time: modules on "cpu" get their values now,
 // units on "disk" read theirs before each forward (which must run under torch::NoGradGuard) and
 // drop them after. Strict: every parameter and buffer of the model must be in the checkpoint
 // with its shape (dtype converted), and nothing else. Errors (one line each): a map that names
 // a module the model lacks, a device other than "cpu" or "disk", "disk" for a module that is
-// not a unit (or is prepared by an Accelerator), a tensor no listed module holds.
+// not a unit, a unit prepared by an Accelerator or dispatched already, a module listed twice,
+// a tensor no listed module holds, a tied tensor streamed with one of its modules only. A
+// dispatched model serves one forward at a time, and Accelerator::prepare refuses it.
 void load_checkpoint_and_dispatch(torch::nn::Module& model, const std::string& checkpoint, const DeviceMap& map);
 
 }  // namespace hasten

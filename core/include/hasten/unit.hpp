@@ -63,10 +63,14 @@ class UnitBase {
  protected:
   UnitBase() = default;
   UnitBase(const UnitBase&) : UnitBase() {}  // a copy is a new, unattached unit
+  UnitBase& operator=(const UnitBase&) noexcept { return *this; }  // and keeps its own attachment
 
  public:  // called by the unit forwards (detail::unit_forward)
   void hasten_enter();
   void hasten_exit(std::vector<torch::Tensor>& outputs);
+  // The forward threw after hasten_enter: what hasten_enter took (weights read from disk) is
+  // let go; a strategy's state is the Accelerator's to reset.
+  void hasten_abort() noexcept;
 
  private:
   friend class detail::Engine;
@@ -131,7 +135,15 @@ template <class Unit, class Call>
 decltype(auto) unit_forward(Unit& unit, Call&& call) {
   if (!unit.hasten_attached()) return call();
   unit.hasten_enter();
+  struct AbortOnThrow {
+    Unit& unit;
+    bool done = false;
+    ~AbortOnThrow() {
+      if (!done) unit.hasten_abort();
+    }
+  } guard{unit};
   decltype(auto) out = call();
+  guard.done = true;
   std::vector<torch::Tensor> outputs;
   outputs_of(out, outputs);
   unit.hasten_exit(outputs);

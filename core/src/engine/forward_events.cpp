@@ -71,4 +71,11 @@ void UnitBase::hasten_exit(std::vector<torch::Tensor>& outputs) {
   if (stream_ != nullptr) stream_->drop();
 }
 
+void UnitBase::hasten_abort() noexcept {
+  try {
+    if (stream_ != nullptr) stream_->drop();
+  } catch (...) {  // the forward's own exception is the one to report
+  }
+}
+
 }  // namespace hasten

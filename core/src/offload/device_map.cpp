@@ -53,7 +53,9 @@ std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> outer_un
 // EmptyWeights holds none, but will).
 uint64_t bytes_of(torch::nn::Module& m) {
   uint64_t n = 0;
+  std::set<const void*> seen;  // a tied tensor counts once
   auto add = [&](const torch::Tensor& t) {
+    if (!seen.insert(t.unsafeGetTensorImpl()).second) return;
     n += static_cast<uint64_t>(c10::multiply_integers(detail::declared_shape(t))) * t.element_size();
   };
   for (auto& p : m.parameters()) add(p);
@@ -78,7 +80,9 @@ DeviceMap infer_auto_device_map(torch::nn::Module& model, const std::vector<std:
   size_t d = 0;
   for (auto& [name, m] : units) {
     const uint64_t need = bytes_of(*m);
-    while (d < left.size() && left[d] < need) ++d;  // devices fill in order: a full one stays full
+    // Devices fill in order (Accelerate's rule): once a unit does not fit one, the units after
+    // it go to the next, even where a smaller one would still fit.
+    while (d < left.size() && left[d] < need) ++d;
     if (d == left.size()) {
       map.push_back({name, "disk"});
       continue;
@@ -93,33 +97,45 @@ void load_checkpoint_and_dispatch(torch::nn::Module& model, const std::string& c
   const char* who = "load_checkpoint_and_dispatch";
   std::map<std::string, std::shared_ptr<torch::nn::Module>> modules;
   for (const auto& item : model.named_modules()) modules[item.key()] = item.value();
+  for (const auto& [name, m] : modules)
+    if (auto* unit = dynamic_cast<UnitBase*>(m.get()); unit != nullptr && unit->hasten_attached())
+      throw UsageError(std::string(who) + ": '" + name + "' is prepared by an Accelerator or dispatched already");
+  std::set<std::string> listed;
   for (auto& e : map) {
     check_device(e.device, who, true);
+    if (!listed.insert(e.module).second)
+      throw UsageError(std::string(who) + ": the device map lists '" + e.module + "' twice");
     auto it = modules.find(e.module);
     if (it == modules.end()) throw UsageError(std::string(who) + ": the device map names '" + e.module + "', which the model does not have");
-    if (e.device != "disk") continue;
-    auto* unit = dynamic_cast<UnitBase*>(it->second.get());
-    if (unit == nullptr)
+    if (e.device == "disk" && dynamic_cast<UnitBase*>(it->second.get()) == nullptr)
       throw UsageError(std::string(who) + ": '" + e.module +
                        "' is mapped to disk but is not a hasten::Unit (only a unit can read its weights as it runs)");
-    if (unit->hasten_attached())
-      throw UsageError(std::string(who) + ": '" + e.module + "' is prepared by an Accelerator or dispatched already");
   }
-  // Where every stored tensor is.
+  // Where every stored tensor is (the files stay open: later reads are of the files checked now).
   std::map<std::string, StoredTensor> stored;
-  std::map<std::filesystem::path, SafetensorsHeader> headers;
-  for (auto& [name, file] : detail::weight_files(checkpoint, who)) {
-    auto h = headers.find(file);
-    if (h == headers.end()) h = headers.emplace(file, read_safetensors_header(file.string())).first;
-    for (auto& e : h->second.tensors)
-      if (e.name == name) stored[name] = {file, e.dtype, e.shape, h->second.data_start + e.begin, e.end - e.begin};
-    if (!stored.count(name)) throw Error(std::string(who) + ": '" + file.string() + "' lacks '" + name + "', which the index lists");
+  std::map<std::filesystem::path, std::pair<std::shared_ptr<const detail::WeightFile>, SafetensorsHeader>> files;
+  for (auto& [name, path] : detail::weight_files(checkpoint, who)) {
+    auto f = files.find(path);
+    if (f == files.end())
+      f = files.emplace(path, std::make_pair(std::make_shared<const detail::WeightFile>(path),
+                                             read_safetensors_header(path.string()))).first;
+    const auto& [file, header] = f->second;
+    for (auto& e : header.tensors)
+      if (e.name == name) stored[name] = {file, e.dtype, e.shape, header.data_start + e.begin, e.end - e.begin};
+    if (!stored.count(name)) throw Error(std::string(who) + ": '" + path.string() + "' lacks '" + name + "', which the index lists");
   }
-  // Each tensor of the model: its innermost listed module decides.
-  std::map<std::string, std::vector<UnitStream::Slot>> streamed;  // disk unit -> its tensors
+  // First every check, then the reads: a refusal leaves the model as it was. Each tensor goes
+  // where its innermost listed module goes; a tensor under several names (tied weights) is read
+  // once, and all its names must go to the same place.
+  struct Placement {
+    std::string name;
+    torch::Tensor tensor;
+    const DevicePlacement* where;
+  };
+  std::vector<Placement> placements;
+  std::map<const void*, size_t> by_tensor;  // TensorImpl -> its first placement
   std::set<std::string> used;
-  torch::NoGradGuard no_grad;
-  auto place = [&](const std::string& name, torch::Tensor& tensor) {
+  auto resolve = [&](const std::string& name, const torch::Tensor& tensor) {
     const DevicePlacement* where = nullptr;
     for (auto& e : map)
       if (inside(name, e.module) && (where == nullptr || e.module.size() > where->module.size())) where = &e;
@@ -133,15 +149,32 @@ void load_checkpoint_and_dispatch(torch::nn::Module& model, const std::string& c
       throw Error(std::string(who) + ": '" + name + "' has shape " + c10::str(c10::IntArrayRef(s->second.shape)) + " in '" +
                   checkpoint + "', the model's is " + c10::str(c10::IntArrayRef(shape)));
     used.insert(name);
-    if (where->device == "disk")
-      streamed[where->module].push_back({name, tensor, s->second});
-    else
-      tensor.set_data(detail::read_stored(s->second, tensor.scalar_type(), name));
+    const auto [first, fresh] = by_tensor.emplace(tensor.unsafeGetTensorImpl(), placements.size());
+    if (!fresh) {
+      const Placement& other = placements[first->second];
+      if (other.where != where && (other.where->device == "disk" || where->device == "disk"))
+        throw UsageError(std::string(who) + ": '" + other.name + "' and '" + name +
+                         "' are one tensor (tied weights), placed with '" + other.where->module + "' (" +
+                         other.where->device + ") and '" + where->module + "' (" + where->device +
+                         "): a tied tensor cannot stream from disk with one of its modules only; map both modules "
+                         "to the CPU or into one unit");
+      return;
+    }
+    placements.push_back({name, tensor, where});
   };
-  for (auto& item : model.named_parameters()) place(item.key(), item.value());
-  for (auto& item : model.named_buffers()) place(item.key(), item.value());
+  for (auto& item : model.named_parameters()) resolve(item.key(), item.value());
+  for (auto& item : model.named_buffers()) resolve(item.key(), item.value());
   for (auto& [name, s] : stored)
     if (!used.count(name)) throw Error(std::string(who) + ": '" + checkpoint + "' has '" + name + "', which the model does not");
+  std::map<std::string, std::vector<UnitStream::Slot>> streamed;  // disk unit -> its tensors
+  torch::NoGradGuard no_grad;
+  for (auto& p : placements) {
+    const StoredTensor& s = stored.at(p.name);
+    if (p.where->device == "disk")
+      streamed[p.where->module].push_back({p.name, p.tensor, s});
+    else
+      p.tensor.set_data(detail::read_stored(s, p.tensor.scalar_type(), p.name));
+  }
   for (auto& [module, slots] : streamed)
     UnitStream::attach(*dynamic_cast<UnitBase*>(modules.at(module).get()),
                        std::make_shared<UnitStream>(module, std::move(slots)));

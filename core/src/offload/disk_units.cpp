@@ -10,31 +10,44 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <utility>
+
 #include <cerrno>
 #include <cstring>
 
 namespace hasten::detail {
 
+WeightFile::WeightFile(std::filesystem::path path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw Error("cannot open '" + path_.string() + "': " + std::strerror(errno));
+}
+
+WeightFile::~WeightFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
 torch::Tensor read_stored(const StoredTensor& stored, torch::ScalarType dtype, const std::string& name) {
-  torch::Tensor t = torch::empty(stored.shape, torch::TensorOptions().dtype(stored.dtype));
+  const std::string where = "'" + name + "' in '" + stored.file->path().string() + "'";
+  torch::Tensor t;
+  try {
+    t = torch::empty(stored.shape, torch::TensorOptions().dtype(stored.dtype));
+  } catch (const c10::Error&) {
+    throw Error("cannot allocate " + std::to_string(stored.bytes) + " bytes for " + where + " (out of memory)");
+  }
   if (static_cast<uint64_t>(t.numel()) * t.element_size() != stored.bytes)
-    throw Error("'" + name + "' in '" + stored.file.string() + "': " + std::to_string(stored.bytes) +
-                " bytes do not hold its shape");
-  const int fd = ::open(stored.file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error("cannot open '" + stored.file.string() + "' for '" + name + "': " + std::strerror(errno));
+    throw Error(where + ": " + std::to_string(stored.bytes) + " bytes do not hold its shape");
   auto* out = static_cast<char*>(t.data_ptr());
   uint64_t done = 0;
   while (done < stored.bytes) {
-    const ssize_t n = ::pread(fd, out + done, stored.bytes - done, static_cast<off_t>(stored.offset + done));
+    const ssize_t n =
+        ::pread(stored.file->fd(), out + done, stored.bytes - done, static_cast<off_t>(stored.offset + done));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = n < 0 ? std::strerror(errno) : "the file ends early";
-      ::close(fd);
-      throw Error("cannot read '" + name + "' from '" + stored.file.string() + "': " + why);
-    }
+    if (n <= 0) throw Error("cannot read " + where + ": " + (n < 0 ? std::strerror(errno) : "the file ends early"));
     done += static_cast<uint64_t>(n);
   }
-  ::close(fd);
+  // A bool byte other than 0 or 1 is undefined behaviour in C++ (load_safetensors refuses it too).
+  if (stored.dtype == torch::kBool && t.numel() > 0 && t.view(torch::kUInt8).gt(1).any().item<bool>())
+    throw Error(where + ": a BOOL tensor holds a byte other than 0 or 1");
   return dtype == stored.dtype ? t : t.to(dtype);
 }
 
@@ -52,7 +65,12 @@ void UnitStream::read_in() {
                      "' streams its weights from disk (load_checkpoint_and_dispatch), for inference: run the forward "
                      "under torch::NoGradGuard (its weights are dropped before a backward could use them)");
   torch::NoGradGuard no_grad;
-  for (auto& s : slots_) s.tensor.set_data(read_stored(s.stored, s.tensor.scalar_type(), s.name));
+  try {
+    for (auto& s : slots_) s.tensor.set_data(read_stored(s.stored, s.tensor.scalar_type(), s.name));
+  } catch (...) {
+    drop();  // the slots read so far are not left loaded
+    throw;
+  }
 }
 
 void UnitStream::drop() {

@@ -17,8 +17,9 @@ namespace {
 
 thread_local int t_empty_weights = 0;
 
-// The emptied tensors' shapes, by TensorImpl, held weakly: an entry whose tensor is gone (its
-// address maybe reused) is not believed.
+// The emptied tensors' shapes, by TensorImpl. The weak reference keeps the TensorImpl's memory
+// (so its address is not reused while the entry lives) but not the tensor: an entry whose
+// tensor is gone is purged at the next build.
 struct Emptied {
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> tensor;
   std::vector<int64_t> shape;

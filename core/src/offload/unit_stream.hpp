@@ -17,9 +17,25 @@
 
 namespace hasten::detail {
 
+// A weights file, open from dispatch on: every later read is of the file that was checked then,
+// even when a new one is renamed into its place.
+class WeightFile {
+ public:
+  explicit WeightFile(std::filesystem::path path);  // Error naming it when it cannot be opened
+  ~WeightFile();
+  WeightFile(const WeightFile&) = delete;
+  WeightFile& operator=(const WeightFile&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  int fd() const { return fd_; }
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+};
+
 // Where one tensor of a safetensors file is.
 struct StoredTensor {
-  std::filesystem::path file;
+  std::shared_ptr<const WeightFile> file;
   torch::ScalarType dtype = torch::kFloat;  // as stored
   std::vector<int64_t> shape;
   uint64_t offset = 0;  // of its first byte in the file
@@ -52,8 +68,10 @@ class UnitStream {
   UnitStream(std::string unit_name, std::vector<Slot> slots);
   // The unit streams its weights from now on; its tensors hold none until its next forward.
   static void attach(UnitBase& unit, const std::shared_ptr<UnitStream>& stream);
+  static bool attached(const UnitBase& unit) { return unit.stream_ != nullptr; }
   // Before the unit's forward: every slot read in (UsageError with autograd on: the weights
-  // would be gone before backward needs them).
+  // would be gone before backward needs them). One forward at a time: the unit's tensors are
+  // shared by every thread that calls it.
   void read_in();
   // After it: every slot emptied.
   void drop();
