@@ -11,9 +11,10 @@
 //   launcher to stop its workers, waits until every machine's workers have ended, then starts
 //   the next round, up to max_restarts times, or ends the run with the failure's exit code.
 //
-// A launcher that disconnects (its machine died, it was SIGKILLed) ends the run on every other
-// machine with one line naming it: with a fixed membership (static rendezvous) no round could
-// start without it. The coordinator lives in machine 0's launcher: losing machine 0 ends the
+// A launcher that disconnects (its machine died, it was SIGKILLed), or says nothing for
+// kSilentFor (agent_wire.hpp: launchers PING every second; a machine that lost power or its
+// network closes no connection), ends the run on every other machine with one line naming it:
+// with a fixed membership (static rendezvous) no round could start without it. The coordinator lives in machine 0's launcher: losing machine 0 ends the
 // run, as losing torchrun's store host does.
 //
 // Elastic (min_machines > 0, `--num_machines MIN:MAX`): a round runs on the machines present,
@@ -25,7 +26,8 @@
 // the workers' ranks are dense and the world is machines x processes per machine.
 //
 // The wire is one text line per message over TCP:
-//   launcher -> coordinator: JOIN <machine>, FAIL <round> <rank> <what>, END <round> <code> <interrupted>
+//   launcher -> coordinator: JOIN <machine>, FAIL <round> <rank> <what>, END <round> <code> <interrupted>,
+//                            PING
 //   coordinator -> launcher: START <round> <port> <machines> <place>, STOP <round> <machine> <what>,
 //                            EXIT <code> <why>
 #pragma once
