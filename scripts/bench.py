@@ -136,6 +136,14 @@ def run_fashion_mnist(args, out_dir, env, log, raw):
     return records
 
 
+def keep(records, raw, rec, **fields):
+    """One run's record, labelled with `fields`: kept for the tables and written to results.jsonl."""
+    rec.update(fields)
+    records.append(rec)
+    raw.write(json.dumps(rec) + "\n")
+    raw.flush()
+
+
 def run_hsdp(args, out_dir, env, log, raw):
     """fsdp FULL_SHARD vs HYBRID_SHARD on two loopback machines of 2 processes, round by round."""
     example = os.path.join(args.build, "bin", "hasten-example")
@@ -162,10 +170,7 @@ def run_hsdp(args, out_dir, env, log, raw):
                 line = line.strip().removeprefix("[rank 0] ")
                 if line.startswith("{"):
                     rec = json.loads(line)
-                    rec.update({"round": r, "impl": "hasten", "mode": name, "workload": args.hsdp_workload})
-                    records.append(rec)
-                    raw.write(json.dumps(rec) + "\n")
-                    raw.flush()
+                    keep(records, raw, rec, round=r, impl="hasten", mode=name, workload=args.hsdp_workload)
                     print(f"  hsdp {name} round {r}: {rec['steps_per_s']:.2f} steps/s", file=sys.stderr)
     return records
 
@@ -187,10 +192,7 @@ def run_tp(args, out_dir, env, log, raw):
             shutil.rmtree(os.path.join(out_dir, "tp-runs"), ignore_errors=True)
             cmd = [hasten, "launch", "--num_processes", "2", "--strategy", "ddp", char_lm, *common, *extra]
             for rec in run_json(cmd, env, log):
-                rec.update({"round": r, "impl": "hasten", "mode": name, "workload": "char-lm"})
-                records.append(rec)
-                raw.write(json.dumps(rec) + "\n")
-                raw.flush()
+                keep(records, raw, rec, round=r, impl="hasten", mode=name, workload="char-lm")
                 print(f"  char-lm {name} round {r}: {rec['samples_per_s']:.1f} samples/s, "
                       f"peak RSS while training {rec['peak_rss_training_mb']:.0f} MiB", file=sys.stderr)
     return records
@@ -208,11 +210,8 @@ def run_big_model(args, out_dir, env, log, raw):
             cmd = [bench, "--big-model-run", side, "--big-model-dir", weights, "--big-model-budget-mib",
                    str(args.big_model_budget_mib)]
             for rec in run_json(cmd, env, log):
-                rec.update({"round": r, "impl": "hasten", "mode": side, "workload": "big-model",
-                            "model_bytes": saved[0]["bytes"]})
-                records.append(rec)
-                raw.write(json.dumps(rec) + "\n")
-                raw.flush()
+                keep(records, raw, rec, round=r, impl="hasten", mode=side, workload="big-model",
+                     model_bytes=saved[0]["bytes"])
                 print(f"  big-model {side} round {r}: peak RSS {rec['peak_rss_mb']:.0f} MiB, "
                       f"forwards {rec['forward_seconds']:.2f} s", file=sys.stderr)
     shutil.rmtree(weights, ignore_errors=True)

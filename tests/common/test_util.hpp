@@ -5,11 +5,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <stdexcept>
 #include <string>
 
+#include <hasten/error.hpp>
 #include <hasten/launch.hpp>
 
 namespace hasten::test {
@@ -88,6 +90,16 @@ inline void require(bool ok, const std::string& what) {
 
 inline std::string test_plugin(const std::string& dir, const std::string& file) {
   return std::string(HASTEN_TEST_PLUGIN_DIR) + "/" + dir + "/" + file;
+}
+
+// What `fn` throws as a hasten::Error, or "(no error)": for checking a refusal's one line.
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const hasten::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 }  // namespace hasten::test

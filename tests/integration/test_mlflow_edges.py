@@ -30,6 +30,7 @@ import time
 import urllib.request
 
 import harness as h
+from mlflow_server import Server, free_port
 
 MLFLOW_VENV = os.environ["HASTEN_TEST_SERVICES_VENV"]
 MLFLOW = os.path.join(MLFLOW_VENV, "bin", "mlflow")
@@ -53,63 +54,6 @@ print(json.dumps([{"run_id": r.info.run_id, "name": r.data.tags.get("mlflow.runN
                    "metrics": {k: [(m.step, m.value, m.timestamp) for m in c.get_metric_history(r.info.run_id, k)]
                                for k in r.data.metrics}} for r in runs]))
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """mlflow server on a SQLite database in root: start, kill (SIGKILL), start again."""
-
-    def __init__(self, root):
-        self.root, self.port, self.proc = root, free_port(), None
-        self.uri = f"http://127.0.0.1:{self.port}"
-
-    def start(self):
-        log = open(os.path.join(self.root, "server.log"), "a")
-        self.proc = subprocess.Popen(
-            [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{self.root}/mlflow.db", "--artifacts-destination",
-             f"{self.root}/artifacts", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                h.fail(f"mlflow server exited {self.proc.returncode}; log {self.root}/server.log")
-            try:
-                with urllib.request.urlopen(self.uri + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        h.fail(f"mlflow server did not answer on {self.uri} within 120 s; log {self.root}/server.log")
-
-    def kill(self):
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def loss_steps(self, experiment, run_name):
-        """The last step of `loss` the server holds for the run (REST, no client), 0 if none."""
-        try:
-            with urllib.request.urlopen(f"{self.uri}/api/2.0/mlflow/experiments/get-by-name?experiment_name="
-                                        f"{experiment}", timeout=5) as r:
-                eid = json.load(r)["experiment"]["experiment_id"]
-            req = urllib.request.Request(f"{self.uri}/api/2.0/mlflow/runs/search", json.dumps(
-                {"experiment_ids": [eid], "filter": f"tags.`mlflow.runName` = '{run_name}'"}).encode(),
-                {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=5) as r:
-                runs = json.load(r).get("runs", [])
-            for m in runs[0]["data"].get("metrics", []) if runs else []:
-                if m["key"] == "loss":
-                    return m["step"]
-        except (OSError, KeyError, IndexError):
-            pass
-        return 0
 
 
 class LostCreateProxy:
@@ -357,7 +301,7 @@ def dead_journals(server, d):
                   env={**in_process, "HASTEN_TEST_KILL_AT_STEP": str(kill_at)})
     try:
         deadline = time.time() + 40
-        while server.loss_steps("hasten-example", "dead") < 3:
+        while server.logged_steps("hasten-example", "dead") < 3:
             if run.poll() is not None or time.time() > deadline:
                 h.fail(f"run 'dead' logged no 3 steps to the server before it ended or 40 s passed:\n"
                        f"{run.communicate()[1][-3000:] if run.poll() is not None else ''}")

@@ -19,8 +19,6 @@
 import json
 import math
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +26,7 @@ import time
 import urllib.request
 
 import harness as h
+from mlflow_server import Server, free_port
 
 MLFLOW_VENV = os.environ["HASTEN_TEST_SERVICES_VENV"]
 MLFLOW = os.path.join(MLFLOW_VENV, "bin", "mlflow")
@@ -128,67 +127,6 @@ def check_media(uri, what, env=None, experiment="trk"):
     if got["table"] != {"columns": ["id", "text", "score"], "data": [[1, "a|b", 0.5], [2, "c", -1]]}:
         h.fail(f"{what}: mlflow.load_table read {got['table']}")
     return got["artifact_uri"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, root, port):
-        self.root, self.port, self.proc = root, port, None
-        self.uri = f"http://127.0.0.1:{port}"
-
-    def start(self, artifacts="proxy"):
-        """artifacts "proxy": the server stores them (--artifacts-destination, its artifact
-        proxy, what a team's server does); "local": clients write them to a directory
-        (--no-serve-artifacts --default-artifact-root), applied to experiments made then."""
-        log = open(os.path.join(self.root, "server.log"), "a")
-        where = ["--artifacts-destination", f"{self.root}/artifacts"] if artifacts == "proxy" else \
-            ["--no-serve-artifacts", "--default-artifact-root", f"{self.root}/local-artifacts"]
-        self.proc = subprocess.Popen(
-            [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{self.root}/mlflow.db", *where,
-             "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                h.fail(f"mlflow server exited {self.proc.returncode}; log {self.root}/server.log")
-            try:
-                with urllib.request.urlopen(self.uri + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        h.fail(f"mlflow server did not answer on {self.uri} within 120 s; log {self.root}/server.log")
-
-    def kill(self):
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def logged_steps(self, experiment, run_name):
-        """Steps of `loss` the server holds for the run, through the REST API (no client)."""
-        def post(endpoint, body):
-            req = urllib.request.Request(f"{self.uri}/api/2.0/mlflow/{endpoint}", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=5) as r:
-                return json.load(r)
-        try:
-            with urllib.request.urlopen(f"{self.uri}/api/2.0/mlflow/experiments/get-by-name?experiment_name="
-                                        f"{experiment}", timeout=5) as r:
-                eid = json.load(r)["experiment"]["experiment_id"]
-            runs = post("runs/search", {"experiment_ids": [eid],
-                                        "filter": f"tags.`mlflow.runName` = '{run_name}'"}).get("runs", [])
-            for m in runs[0]["data"].get("metrics", []) if runs else []:
-                if m["key"] == "loss":
-                    return m["step"]
-        except (OSError, KeyError, IndexError):
-            pass
-        return 0
 
 
 def read_runs(uri, experiment, run_name, env=None):

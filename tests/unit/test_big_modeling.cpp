@@ -72,15 +72,6 @@ Stack saved_model(const std::filesystem::path& file) {
   return whole;
 }
 
-std::string what_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const hasten::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 }  // namespace
 
 TEST(BigModeling, DiskUnitsStreamAndTheForwardEqualsTheWholeModel) {
@@ -132,12 +123,12 @@ TEST(BigModeling, MisusesAreOneLine) {
   {
     Stack m = fresh();
     hasten::load_checkpoint_and_dispatch(*m, file.string(), disk_tail);
-    const std::string e = what_of([&] { m->forward(torch::ones({1, 8})); });
+    const std::string e = hasten::test::error_of([&] { m->forward(torch::ones({1, 8})); });
     EXPECT_NE(e.find("run the forward under torch::NoGradGuard"), std::string::npos) << e;
   }
   auto refused = [&](const hasten::DeviceMap& map, const std::string& expect, const std::string& path = "") {
     Stack m = fresh();
-    const std::string e = what_of([&] { hasten::load_checkpoint_and_dispatch(*m, path.empty() ? file.string() : path, map); });
+    const std::string e = hasten::test::error_of([&] { hasten::load_checkpoint_and_dispatch(*m, path.empty() ? file.string() : path, map); });
     EXPECT_NE(e.find(expect), std::string::npos) << e;
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   };
@@ -158,21 +149,21 @@ TEST(BigModeling, MisusesAreOneLine) {
   refused(disk_tail, "has no 'head.bias', which the model has", (dir.path() / "partial.safetensors").string());
   refused(disk_tail, "has 'stray', which the model does not", (dir.path() / "extra.safetensors").string());
   refused({{"", "cpu"}, {"block3", "disk"}, {"block3", "cpu"}}, "lists 'block3' twice");
-  const std::string e = what_of([] { hasten::infer_auto_device_map(*Stack(), {{"cuda:0", 1}}); });
+  const std::string e = hasten::test::error_of([] { hasten::infer_auto_device_map(*Stack(), {{"cuda:0", 1}}); });
   EXPECT_NE(e.find("GPUs are not placed by a device map yet"), std::string::npos) << e;
   {  // a refusal reads nothing: the model keeps its own weights
     Stack m = fresh();
     const torch::Tensor before = m->in->weight.clone();
-    (void)what_of([&] { hasten::load_checkpoint_and_dispatch(*m, (dir.path() / "extra.safetensors").string(), disk_tail); });
+    (void)hasten::test::error_of([&] { hasten::load_checkpoint_and_dispatch(*m, (dir.path() / "extra.safetensors").string(), disk_tail); });
     EXPECT_TRUE(torch::equal(m->in->weight, before)) << "a refused dispatch changed the model";
   }
   {  // dispatched once: dispatching again and preparing it are refused
     Stack m = fresh();
     hasten::load_checkpoint_and_dispatch(*m, file.string(), disk_tail);
-    const std::string again = what_of([&] { hasten::load_checkpoint_and_dispatch(*m, file.string(), disk_tail); });
+    const std::string again = hasten::test::error_of([&] { hasten::load_checkpoint_and_dispatch(*m, file.string(), disk_tail); });
     EXPECT_NE(again.find("'block3' is prepared by an Accelerator or dispatched already"), std::string::npos) << again;
     hasten::Accelerator acc;
-    const std::string prepared = what_of([&] { auto pm = acc.prepare(m); });
+    const std::string prepared = hasten::test::error_of([&] { auto pm = acc.prepare(m); });
     EXPECT_NE(prepared.find("streams its weights from disk"), std::string::npos) << prepared;
   }
 }
@@ -199,7 +190,7 @@ TEST(BigModeling, AThrowingForwardDropsTheWeightsAndTiedWeightsAreRefused) {
   ASSERT_EQ(tensors.size(), 2u);
   const auto tied_file = (dir.path() / "tied.safetensors").string();
   hasten::save_safetensors(tied_file, tensors);
-  const std::string e = what_of([&] { hasten::load_checkpoint_and_dispatch(*tied, tied_file, {{"", "cpu"}, {"unit", "disk"}}); });
+  const std::string e = hasten::test::error_of([&] { hasten::load_checkpoint_and_dispatch(*tied, tied_file, {{"", "cpu"}, {"unit", "disk"}}); });
   EXPECT_NE(e.find("'shared' and 'unit.w' are one tensor (tied weights)"), std::string::npos) << e;
   // Both on the CPU: read once, still one tensor.
   hasten::load_checkpoint_and_dispatch(*tied, tied_file, {{"", "cpu"}});

@@ -179,15 +179,6 @@ double lr_after(S::LambdaLR&& sched, torch::optim::Optimizer& opt, int64_t k) {
   return opt.param_groups()[0].options().get_lr();
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const hasten::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 }  // namespace
 
 // ---- against the transcription --------------------------------------------------------------
@@ -333,7 +324,7 @@ TEST(Schedulers, MisuseIsOneLineError) {
       {"linear_with_warmup: warmup (-1) must be >= 0", [&] { S::make("linear", o, -1, 10); }},
   };
   for (auto& [want, fn] : cases) {
-    const std::string got = error_of(fn);
+    const std::string got = hasten::test::error_of(fn);
     EXPECT_EQ(got.find('\n'), std::string::npos) << got;
     EXPECT_EQ(got, want);
   }
@@ -346,7 +337,7 @@ TEST(Schedulers, ParamGroupAddedAfterwardsIsNamed) {
   auto sched = S::linear_with_warmup(*t.opt, 1, 10);
   const std::vector<torch::Tensor> extra = {torch::zeros({2}, torch::requires_grad())};
   t.opt->add_param_group(torch::optim::OptimizerParamGroup(extra));
-  EXPECT_EQ(error_of([&] { sched.step(); }),
+  EXPECT_EQ(hasten::test::error_of([&] { sched.step(); }),
             "LambdaLR: the optimizer has 3 param groups, 2 when the scheduler was built; build the scheduler after "
             "add_param_group");
 }
@@ -454,7 +445,7 @@ void one_cycle_follows(ref::OneCycleRef want, S::OneCycleOptions options) {
     EXPECT_EQ(sched.get_last_lr(), t.lrs());
     if (k < want.total_steps) sched.step();
   }
-  EXPECT_EQ(error_of([&] { sched.step(); }),
+  EXPECT_EQ(hasten::test::error_of([&] { sched.step(); }),
             "OneCycleLR: tried to step " + std::to_string(want.total_steps + 1) +
                 " times; the specified number of total steps is " + std::to_string(want.total_steps));
   EXPECT_EQ(sched.last_step(), want.total_steps);  // the refused step changed nothing
@@ -505,15 +496,15 @@ TEST(Schedulers, OneCycleMisuseIsOneLine) {
   bad_anneal.anneal_strategy = "cosine";
   S::OneCycleOptions no_momentum;
   no_momentum.cycle_momentum = false;
-  EXPECT_EQ(error_of([&] { S::OneCycleLR(*t.opt, 0.1, 0); }),
+  EXPECT_EQ(hasten::test::error_of([&] { S::OneCycleLR(*t.opt, 0.1, 0); }),
             "OneCycleLR: total_steps (0) must be a positive integer");
-  EXPECT_EQ(error_of([&] { S::OneCycleLR(*t.opt, 0.1, 10, bad_pct); }),
+  EXPECT_EQ(hasten::test::error_of([&] { S::OneCycleLR(*t.opt, 0.1, 10, bad_pct); }),
             "OneCycleLR: pct_start (1.5) must be between 0 and 1");
-  EXPECT_EQ(error_of([&] { S::OneCycleLR(*t.opt, 0.1, 10, bad_anneal); }),
+  EXPECT_EQ(hasten::test::error_of([&] { S::OneCycleLR(*t.opt, 0.1, 10, bad_anneal); }),
             "OneCycleLR: anneal_strategy 'cosine' is not one of cos, linear");
-  EXPECT_EQ(error_of([&] { S::OneCycleLR(*t.opt, std::vector<double>{0.1, 0.2, 0.3}, 10); }),
+  EXPECT_EQ(hasten::test::error_of([&] { S::OneCycleLR(*t.opt, std::vector<double>{0.1, 0.2, 0.3}, 10); }),
             "OneCycleLR: 3 max_lr values for 2 param groups; give one, or one per group");
-  EXPECT_EQ(error_of([&] { S::OneCycleLR(adagrad, 0.1, 10); }),
+  EXPECT_EQ(hasten::test::error_of([&] { S::OneCycleLR(adagrad, 0.1, 10); }),
             "OneCycleLR: cycle_momentum needs an optimizer with betas (Adam, AdamW) or momentum (SGD, RMSprop); set "
             "cycle_momentum = false for this one");
   S::OneCycleLR plain(adagrad, 0.1, 10, no_momentum);  // without momentum cycling any optimizer will do
