@@ -1,158 +1,27 @@
-// hasten::schedulers through the public API: every schedule's lr after k steps equals base *
-// factor(k) for a factor transcribed here, separately, from transformers/optimization.py,
-// for two param groups of different lrs, past `total` included; a handful of values by hand;
-// misuse is one-line errors; prepared, the schedule advances once per real optimizer step
-// under accumulation and a checkpoint resumes it where it stopped.
-#include <hasten/accelerator.hpp>
+// hasten::schedulers on their own (the scheduler library, without an Accelerator): every
+// schedule's lr after k steps equals base * factor(k) for a factor transcribed separately from
+// transformers/optimization.py (schedule_reference.hpp), for two param groups of different lrs,
+// past `total` included; OneCycleLR against PyTorch's; a handful of values by hand; misuse is
+// one-line errors.
+#include <hasten/schedulers.hpp>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "test_util.hpp"
+#include "schedulers/schedule_reference.hpp"
 
-namespace fs = std::filesystem;
 namespace S = hasten::schedulers;
-using hasten::Accelerator;
-using hasten::Options;
+using namespace hasten::test::schedules;
 
 namespace {
-
-// ---- the transformers lr_lambdas, transcribed line by line --------------------------------
-
-namespace ref {
-
-const double pi = 3.141592653589793;  // math.pi
-
-double constant(int64_t) { return 1.0; }
-
-double constant_with_warmup(int64_t current_step, int64_t num_warmup_steps) {
-  if (current_step < num_warmup_steps) return double(current_step) / std::max(1.0, double(num_warmup_steps));
-  return 1.0;
-}
-
-double linear(int64_t current_step, int64_t num_warmup_steps, int64_t num_training_steps) {
-  if (current_step < num_warmup_steps) return double(current_step) / double(std::max<int64_t>(1, num_warmup_steps));
-  return std::max(0.0, double(num_training_steps - current_step) /
-                           double(std::max<int64_t>(1, num_training_steps - num_warmup_steps)));
-}
-
-double cosine(int64_t current_step, int64_t num_warmup_steps, int64_t num_training_steps, double num_cycles) {
-  if (current_step < num_warmup_steps) return double(current_step) / double(std::max<int64_t>(1, num_warmup_steps));
-  const double progress =
-      double(current_step - num_warmup_steps) / double(std::max<int64_t>(1, num_training_steps - num_warmup_steps));
-  return std::max(0.0, 0.5 * (1.0 + std::cos(pi * double(num_cycles) * 2.0 * progress)));
-}
-
-double cosine_hard_restarts(int64_t current_step, int64_t num_warmup_steps, int64_t num_training_steps,
-                            int64_t num_cycles) {
-  if (current_step < num_warmup_steps) return double(current_step) / double(std::max<int64_t>(1, num_warmup_steps));
-  const double progress =
-      double(current_step - num_warmup_steps) / double(std::max<int64_t>(1, num_training_steps - num_warmup_steps));
-  if (progress >= 1.0) return 0.0;
-  const double x = double(num_cycles) * progress;
-  return std::max(0.0, 0.5 * (1.0 + std::cos(pi * (x - std::floor(x)))));  // Python's x % 1.0
-}
-
-double polynomial(int64_t current_step, int64_t num_warmup_steps, int64_t num_training_steps, double lr_init,
-                  double lr_end, double power) {
-  if (current_step < num_warmup_steps) return double(current_step) / double(std::max<int64_t>(1, num_warmup_steps));
-  if (current_step > num_training_steps) return lr_end / lr_init;
-  const double lr_range = lr_init - lr_end;
-  const double decay_steps = double(num_training_steps - num_warmup_steps);
-  const double pct_remaining = 1 - double(current_step - num_warmup_steps) / decay_steps;
-  const double decay = lr_range * std::pow(pct_remaining, power) + lr_end;
-  return decay / lr_init;
-}
-
-// torch/optim/lr_scheduler.py (1.13) OneCycleLR: __init__'s phases and get_lr, for one
-// group; returns {lr, momentum} at step_num.
-struct OneCycleRef {
-  double max_lr;
-  int64_t total_steps;
-  double pct_start = 0.3;
-  bool cos = true;
-  bool three_phase = false;
-  double base_momentum = 0.85, max_momentum = 0.95, div_factor = 25., final_div_factor = 1e4;
-
-  std::pair<double, double> at(int64_t step_num) const {
-    struct Phase {
-      double end_step;
-      const char *start_lr, *end_lr, *start_momentum, *end_momentum;
-    };
-    std::vector<Phase> phases;
-    if (three_phase)
-      phases = {{pct_start * total_steps - 1, "initial_lr", "max_lr", "max_momentum", "base_momentum"},
-                {2 * pct_start * total_steps - 2, "max_lr", "initial_lr", "base_momentum", "max_momentum"},
-                {double(total_steps - 1), "initial_lr", "min_lr", "max_momentum", "max_momentum"}};
-    else
-      phases = {{pct_start * total_steps - 1, "initial_lr", "max_lr", "max_momentum", "base_momentum"},
-                {double(total_steps - 1), "max_lr", "min_lr", "base_momentum", "max_momentum"}};
-    const double initial_lr = max_lr / div_factor;
-    auto group = [&](const std::string& key) {
-      if (key == "initial_lr") return initial_lr;
-      if (key == "max_lr") return max_lr;
-      if (key == "min_lr") return initial_lr / final_div_factor;
-      if (key == "max_momentum") return max_momentum;
-      return base_momentum;
-    };
-    auto anneal = [&](double start, double end, double pct) {
-      if (cos) return end + (start - end) / 2.0 * (std::cos(pi * pct) + 1);
-      return (end - start) * pct + start;
-    };
-    double start_step = 0;
-    for (size_t i = 0; i < phases.size(); ++i) {
-      const double end_step = phases[i].end_step;
-      if (step_num <= end_step || i == phases.size() - 1) {
-        const double pct = (step_num - start_step) / (end_step - start_step);
-        return {anneal(group(phases[i].start_lr), group(phases[i].end_lr), pct),
-                anneal(group(phases[i].start_momentum), group(phases[i].end_momentum), pct)};
-      }
-      start_step = phases[i].end_step;
-    }
-    return {0, 0};
-  }
-};
-
-}  // namespace ref
-
-// ---- helpers ------------------------------------------------------------------------------
-
-constexpr double kLrA = 0.1;   // the optimizer's default lr: group 0
-constexpr double kLrB = 0.02;  // group 1's own lr
-
-// Two param groups of different lrs on a small linear layer.
-struct TwoGroups {
-  explicit TwoGroups(const std::string& kind = "sgd") {
-    torch::manual_seed(0);
-    net = torch::nn::Linear(4, 2);
-    std::vector<torch::optim::OptimizerParamGroup> groups;
-    groups.emplace_back(std::vector<torch::Tensor>{net->weight});
-    if (kind == "sgd") {
-      groups.emplace_back(std::vector<torch::Tensor>{net->bias}, std::make_unique<torch::optim::SGDOptions>(kLrB));
-      opt = std::make_unique<torch::optim::SGD>(groups, torch::optim::SGDOptions(kLrA));
-    } else {
-      groups.emplace_back(std::vector<torch::Tensor>{net->bias}, std::make_unique<torch::optim::AdamWOptions>(kLrB));
-      opt = std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(kLrA));
-    }
-  }
-  std::vector<double> lrs() const {
-    std::vector<double> out;
-    for (auto& g : opt->param_groups()) out.push_back(g.options().get_lr());
-    return out;
-  }
-  torch::nn::Linear net{nullptr};
-  std::unique_ptr<torch::optim::Optimizer> opt;
-};
 
 // Steps the scheduler `steps` times and checks, before each step and after the last, that the
 // optimizer's lrs, get_last_lr() and last_step() agree with base * factor(k).
@@ -342,85 +211,6 @@ TEST(Schedulers, ParamGroupAddedAfterwardsIsNamed) {
             "add_param_group");
 }
 
-// ---- prepared -------------------------------------------------------------------------------
-
-namespace {
-
-// Options isolated from any user config file and environment settings.
-Options isolated(const fs::path& project) {
-  hasten::test::isolate_home();
-  Options o;
-  o.project_dir = project.string();
-  o.gradient_accumulation_steps = 2;
-  return o;
-}
-
-// One prepared run: a linear layer, SGD with two groups, a cosine schedule, accumulation 2.
-struct PreparedRun {
-  static constexpr int64_t kWarmup = 2, kTotal = 9;
-  explicit PreparedRun(const fs::path& project)
-      : acc(isolated(project)), sched(S::cosine_with_warmup(*t.opt, kWarmup, kTotal)) {
-    auto [m, o, s] = acc.prepare(t.net, *t.opt, sched);
-    model = std::make_unique<hasten::PreparedModel<torch::nn::Linear>>(m);
-    opt = std::make_unique<hasten::PreparedOptimizer>(o);
-    prepared = std::make_unique<hasten::PreparedScheduler<S::LambdaLR>>(s);
-  }
-  void micro_batch() {
-    auto scope = acc.accumulate(*model);
-    acc.backward((*model)(torch::ones({3, 4})).pow(2).sum());
-    opt->step();
-    prepared->step();
-    opt->zero_grad();
-  }
-  static double factor(int64_t k) { return ref::cosine(k, kWarmup, kTotal, 0.5); }
-
-  Accelerator acc;
-  TwoGroups t;
-  S::LambdaLR sched;
-  std::unique_ptr<hasten::PreparedModel<torch::nn::Linear>> model;
-  std::unique_ptr<hasten::PreparedOptimizer> opt;
-  std::unique_ptr<hasten::PreparedScheduler<S::LambdaLR>> prepared;
-};
-
-}  // namespace
-
-TEST(Schedulers, PreparedStepsOncePerRealOptimizerStep) {
-  hasten::test::TempDir dir;
-  PreparedRun run(dir.path());
-  for (int64_t n = 1; n <= 14; ++n) {
-    run.micro_batch();
-    const int64_t real = n / 2;  // accumulation of 2
-    EXPECT_EQ(run.sched.last_step(), real) << "after " << n << " micro-batches";
-    EXPECT_DOUBLE_EQ(run.t.lrs()[0], kLrA * PreparedRun::factor(real)) << "after " << n << " micro-batches";
-    EXPECT_DOUBLE_EQ(run.t.lrs()[1], kLrB * PreparedRun::factor(real)) << "after " << n << " micro-batches";
-  }
-}
-
-TEST(Schedulers, CheckpointResumesTheSchedule) {
-  hasten::test::TempDir dir;
-  const std::string ckpt = (dir.path() / "ckpt").string();
-  std::vector<double> uninterrupted;
-  {
-    PreparedRun run(dir.path());
-    for (int n = 0; n < 6; ++n) run.micro_batch();
-    run.acc.save_state(ckpt);
-    for (int n = 0; n < 6; ++n) run.micro_batch();
-    uninterrupted = run.t.lrs();
-    EXPECT_EQ(run.sched.last_step(), 6);
-  }
-  PreparedRun resumed(dir.path());  // a fresh scheduler, at step 0
-  EXPECT_EQ(resumed.sched.last_step(), 0);
-  resumed.acc.load_state(ckpt);
-  EXPECT_EQ(resumed.sched.last_step(), 3);
-  EXPECT_DOUBLE_EQ(resumed.t.lrs()[0], kLrA * PreparedRun::factor(3));
-  EXPECT_DOUBLE_EQ(resumed.sched.get_last_lr()[1], kLrB * PreparedRun::factor(3));
-  for (int n = 0; n < 6; ++n) resumed.micro_batch();
-  // Continues from step 3 (a scheduler left at 0 would be at factor(3) now, not factor(6)).
-  EXPECT_EQ(resumed.sched.last_step(), 6);
-  EXPECT_DOUBLE_EQ(resumed.t.lrs()[0], kLrA * PreparedRun::factor(6));
-  EXPECT_EQ(resumed.t.lrs(), uninterrupted);
-}
-
 // ---- OneCycleLR ---------------------------------------------------------------------------
 
 namespace {
@@ -510,115 +300,4 @@ TEST(Schedulers, OneCycleMisuseIsOneLine) {
   S::OneCycleLR plain(adagrad, 0.1, 10, no_momentum);  // without momentum cycling any optimizer will do
   EXPECT_DOUBLE_EQ(adagrad.param_groups()[0].options().get_lr(), 0.1 / 25);
   EXPECT_EQ(t.lrs(), (std::vector<double>{kLrA, kLrB}));  // refused schedules left the lrs alone
-}
-
-// ---- OneCycleLR prepared: Accelerate's bound and adjust_scheduler ---------------------------
-
-namespace {
-
-// One process, accumulation 2, a OneCycleLR of total_steps 4 whose prepared step() is called
-// on every micro-batch (Accelerate's loop). Returns last_step() after each of `micro` micro-
-// batches, stopping at the first error (its message in *error).
-struct OneCycleRun {
-  explicit OneCycleRun(const fs::path& project, std::optional<bool> per_process, std::optional<bool> adjust)
-      : acc(options(project, per_process, adjust)), sched(*t.opt, std::vector<double>{kLrA, kLrB}, 4) {
-    auto [m, o, s] = acc.prepare(t.net, *t.opt, sched);
-    model = std::make_unique<hasten::PreparedModel<torch::nn::Linear>>(m);
-    opt = std::make_unique<hasten::PreparedOptimizer>(o);
-    prepared = std::make_unique<hasten::PreparedScheduler<S::OneCycleLR>>(s);
-  }
-  static Options options(const fs::path& project, std::optional<bool> per_process, std::optional<bool> adjust) {
-    Options o = isolated(project);
-    o.scheduler_steps_per_process = per_process;
-    o.adjust_scheduler = adjust;
-    return o;
-  }
-  std::vector<int64_t> run(int micro, std::string* error = nullptr) {
-    std::vector<int64_t> steps;
-    for (int n = 0; n < micro; ++n) {
-      auto scope = acc.accumulate(*model);
-      acc.backward((*model)(torch::ones({3, 4})).pow(2).sum());
-      opt->step();
-      try {
-        prepared->step();
-      } catch (const hasten::Error& e) {
-        if (error) *error = e.what();
-        break;
-      }
-      opt->zero_grad();
-      steps.push_back(sched.last_step());
-      // The lrs are the schedule's at that step (a bound stops it, it does not skew it).
-      EXPECT_DOUBLE_EQ(t.lrs()[0], (ref::OneCycleRef{kLrA, 4}.at(sched.last_step()).first));
-    }
-    return steps;
-  }
-
-  Accelerator acc;
-  TwoGroups t{"adamw"};
-  S::OneCycleLR sched;
-  std::unique_ptr<hasten::PreparedModel<torch::nn::Linear>> model;
-  std::unique_ptr<hasten::PreparedOptimizer> opt;
-  std::unique_ptr<hasten::PreparedScheduler<S::OneCycleLR>> prepared;
-};
-
-}  // namespace
-
-TEST(Schedulers, OneCycleHastenDefaultStepsPerOptimizerStepPastTotalIsAnError) {
-  hasten::test::TempDir dir;
-  OneCycleRun r(dir.path(), std::nullopt, std::nullopt);
-  EXPECT_FALSE(r.acc.gradient_state().adjust_scheduler);
-  std::string error;
-  EXPECT_EQ(r.run(10, &error), (std::vector<int64_t>{0, 1, 1, 2, 2, 3, 3, 4, 4}));
-  EXPECT_EQ(error, "OneCycleLR: tried to step 5 times; the specified number of total steps is 4");
-}
-
-// Accelerate's AcceleratedScheduler steps a schedule with total_steps only while its
-// _step_count (1 + steps + adjust_scheduler's micro-batches) <= total_steps. With
-// adjust_scheduler (Accelerate's default) each accumulation micro-batch counts, so the
-// k-th optimizer step (micro-batch 2k) steps only while 2k <= 4: the schedule stops at 2.
-TEST(Schedulers, OneCycleAccelerateArithmeticWithAdjustSchedulerCountsMicroBatches) {
-  hasten::test::TempDir dir;
-  OneCycleRun r(dir.path(), true, std::nullopt);
-  EXPECT_TRUE(r.acc.gradient_state().adjust_scheduler);
-  EXPECT_EQ(r.run(10), (std::vector<int64_t>{0, 1, 1, 2, 2, 2, 2, 2, 2, 2}));
-}
-
-// adjust_scheduler false: only real steps count; the bound stops the schedule at total_steps
-// instead of the error of stepping past it.
-TEST(Schedulers, OneCycleAccelerateArithmeticWithoutAdjustSchedulerStopsAtTotal) {
-  hasten::test::TempDir dir;
-  OneCycleRun r(dir.path(), true, false);
-  EXPECT_FALSE(r.acc.gradient_state().adjust_scheduler);
-  EXPECT_EQ(r.run(10), (std::vector<int64_t>{0, 1, 1, 2, 2, 3, 3, 4, 4, 4}));
-}
-
-// A checkpoint keeps the micro-batches adjust_scheduler counted: resumed after 3 micro-batches
-// (1 step, 2 counted), the schedule stops where the uninterrupted run's does (without them,
-// micro-batch 6 would step to 3).
-TEST(Schedulers, OneCycleCheckpointKeepsAdjustSchedulersCount) {
-  hasten::test::TempDir dir;
-  const std::string ckpt = (dir.path() / "ckpt").string();
-  {
-    OneCycleRun r(dir.path(), true, std::nullopt);
-    EXPECT_EQ(r.run(3), (std::vector<int64_t>{0, 1, 1}));
-    r.acc.save_state(ckpt);
-  }
-  OneCycleRun resumed(dir.path(), true, std::nullopt);
-  resumed.acc.load_state(ckpt);
-  EXPECT_EQ(resumed.sched.last_step(), 1);
-  EXPECT_EQ(resumed.run(7), (std::vector<int64_t>{2, 2, 2, 2, 2, 2, 2}));
-}
-
-TEST(Schedulers, AdjustSchedulerWithoutAccelerateArithmeticIsRefused) {
-  hasten::test::TempDir dir;
-  try {
-    OneCycleRun r(dir.path(), std::nullopt, false);
-    FAIL() << "adjust_scheduler without scheduler_steps_per_process was accepted";
-  } catch (const hasten::ConfigError& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "config error: adjust_scheduler (code) applies only with "
-              "scheduler_steps_per_process: true (Accelerate's scheduler arithmetic, whose step bound it adjusts); "
-              "hasten's default schedule steps once per optimizer step and has no bound to adjust: set "
-              "scheduler_steps_per_process: true, or remove adjust_scheduler");
-  }
 }
