@@ -109,8 +109,8 @@ int launch_across_machines(const LaunchPlan& plan, const Config& config, int min
   s.min_machines = min_machines;
   s.join_timeout_s = config.rendezvous_timeout_s;
   s.token = plan.run_token;
-  const auto bind = current_environment().find("HASTEN_BIND_ADDR");
-  if (bind != current_environment().end()) s.bind_override = bind->second;
+  const Environment env = current_environment();  // a copy: find's iterator must outlive the call
+  if (const auto bind = env.find("HASTEN_BIND_ADDR"); bind != env.end()) s.bind_override = bind->second;
   MachineAgents agents(s);
   for (;;) {
     const MachineAgents::Round round = agents.next_round();

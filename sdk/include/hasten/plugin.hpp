@@ -363,6 +363,15 @@ constexpr hasten_plugin_descriptor make_descriptor(hasten_plugin_kind kind, cons
 //           .section_key("zero_stage"),
 //   };
 class OptionSpec {
+  // Defined before its callers: Clang (14) evaluates a constexpr call of a member template only
+  // once its definition has been seen, even inside the completed class.
+  template <class Fn>
+  constexpr OptionSpec with(Fn&& fn) const {
+    OptionSpec copy = *this;
+    fn(copy.s_);
+    return copy;
+  }
+
  public:
   constexpr OptionSpec(const char* name, hasten_option_type type, const char* help)
       : s_{HASTEN_STRUCT_INIT(hasten_option_spec), name, type, nullptr, nullptr, help, 0, 0.0, 0.0, nullptr, nullptr} {}
@@ -384,12 +393,6 @@ class OptionSpec {
   constexpr operator hasten_option_spec() const { return s_; }  // NOLINT: meant to convert
 
  private:
-  template <class Fn>
-  constexpr OptionSpec with(Fn&& fn) const {
-    OptionSpec copy = *this;
-    fn(copy.s_);
-    return copy;
-  }
   hasten_option_spec s_;
 };
 
