@@ -3,6 +3,13 @@
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 BUILD_TYPE ?= Release
+# The compilers hasten is built with: Clang 19 (scripts/install-deps.sh installs it), whose
+# LibTorch precompiled header costs a translation unit ~2 s where GCC's costs ~5.5 s (GCC redoes
+# the header's pending template instantiations in every unit): the edit-rebuild loop takes half
+# the time (docs/architecture.md, "Build time"). GCC 12 builds it too: `make build
+# HASTEN_CC=gcc HASTEN_CXX=g++ BUILD_DIR=build-gcc`.
+HASTEN_CC ?= clang-19
+HASTEN_CXX ?= clang++-19
 CTEST_ARGS ?=
 # The project's interpreter (scripts/install-deps.sh makes .venv: torch, accelerate, ...); the
 # bench scripts and their PyTorch and accelerate peers run on it, never on the system's python3.
@@ -16,7 +23,8 @@ deps:
 	@bash scripts/install-deps.sh
 
 configure: deps
-	@cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) >/dev/null
+	@cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DCMAKE_C_COMPILER=$(HASTEN_CC) -DCMAKE_CXX_COMPILER=$(HASTEN_CXX) >/dev/null
 
 build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
