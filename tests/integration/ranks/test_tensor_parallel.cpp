@@ -7,6 +7,8 @@
 // gathers over dp; a checkpoint of a tp 2 run holds whole tensors under TinyGpt's names and
 // resumes in the plain one-process model, whose checkpoint resumes on dp 2 x tp 2, each with the
 // losses of the straight run; a packed column-parallel layer gathers whole in the packed order;
+// the vocabulary-parallel loss's Sum and None reductions and the infinity-norm clip equal one
+// process's;
 // zero/fsdp, full_model, join_uneven_inputs and dispatch_batches refuse a tensor-parallel mesh in
 // one line.
 #include <hasten/hasten.hpp>
@@ -19,6 +21,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -101,15 +104,20 @@ void train_split(int dp, int tp, double clip = 0) {
 
   torch::optim::AdamW adamw(split->parameters(), torch::optim::AdamWOptions(1e-3));
   auto [model, opt] = acc.prepare(split.ptr(), adamw);
-  double worst = 0;
+  double worst = 0, worst_norm = 0;
   for (int64_t step = 0; step < kSteps; ++step) {
     const auto t = tokens(step, kBatch * dp).narrow(0, dp_group.rank() * kBatch, kBatch);
     auto logits = model(t.narrow(1, 0, kSeq).t());
     auto loss = split->loss(logits, t.narrow(1, 1, kSeq));
     acc.backward(loss);
     if (clip > 0) {
+      // 1e-4: two runs that sum in different orders drift apart over the steps, and the norm
+      // shows it before the loss (on AVX-512 kernels: steps 0-31 within 6e-7, later steps up to
+      // 5e-5, while the losses stay within 2e-6); a norm that missed the parts' sum over tp, or
+      // counted the replicated parameters twice, is off by percents.
       const double norm = acc.clip_grad_norm_(model, clip), ref = want_norms[static_cast<size_t>(step)];
-      require(std::abs(norm - ref) <= 1e-5 * ref, "step " + std::to_string(step) + ": gradient norm " +
+      worst_norm = std::max(worst_norm, std::abs(norm - ref) / ref);
+      require(std::abs(norm - ref) <= 1e-4 * ref, "step " + std::to_string(step) + ": gradient norm " +
                                                       std::to_string(norm) + ", one process " + std::to_string(ref));
       clipped += norm > clip ? 1 : 0;
     }
@@ -124,8 +132,9 @@ void train_split(int dp, int tp, double clip = 0) {
   }
   require(clip == 0 || clipped > 0, "the clip never bit: no gradient norm exceeded " + std::to_string(clip));
   if (acc.is_main_process())
-    std::printf("tp %d x dp %d%s: %lld steps within %.3g relative of one process (last loss %.6f, clipped on %d)\n", tp,
-                dp, clip > 0 ? " with clip_grad_norm_" : "", static_cast<long long>(kSteps), worst, want.back(), clipped);
+    std::printf("tp %d x dp %d%s: %lld steps within %.3g relative of one process (last loss %.6f, clipped on %d, "
+                "norms within %.3g)\n", tp, dp, clip > 0 ? " with clip_grad_norm_" : "", static_cast<long long>(kSteps), worst,
+                want.back(), clipped, worst_norm);
   // Both ranks of a tp group hold the same replicated parameters (pos, norms) after training.
   auto pos = split->pos->weight.detach().clone();
   auto first = pos.clone();
@@ -315,6 +324,51 @@ TEST(TensorParallel, PackedColumnParallelGathersWhole) {
         require(state.size() == 2 && state[0].first == "weight" && torch::equal(state[0].second, whole->weight) &&
                     torch::equal(state[1].second, whole->bias),
                 "the packed layer's whole state is not the whole layer");
+      },
+      with_ranks(2, {{"HASTEN_COMM", "shm"}, {"HASTEN_STRATEGY", "ddp"}}));
+}
+
+// vocab_parallel_cross_entropy's Sum and None reductions (the char LM's evaluation uses None) are
+// cross_entropy's of the whole logits, and clip_grad_norm_'s infinity norm under tp is the
+// largest gradient entry of the one-process model (each part's maximum, maxed over the group).
+TEST(TensorParallel, LossReductionsAndInfinityNormEqualOneProcess) {
+  hasten::launch(
+      [] {
+        namespace F = torch::nn::functional;
+        Accelerator acc(mesh_options(1, 1, 2));
+        const auto tp = acc.device_mesh().group("tp");
+        auto whole = build();
+        TpGpt split(*whole, tp);
+        auto model = acc.prepare(split.ptr());
+        const auto t = tokens(0, kBatch);
+        const auto input = t.narrow(1, 0, kSeq).t(), target = t.narrow(1, 1, kSeq).t().reshape(-1);
+        const auto whole_logits = whole->forward(input).reshape({-1, kVocab});
+        const auto part_logits = model(input).reshape({-1, kVocab / 2});
+        const auto sum = hasten::tp::vocab_parallel_cross_entropy(part_logits, target, tp, at::Reduction::Sum);
+        const auto none = hasten::tp::vocab_parallel_cross_entropy(part_logits, target, tp, at::Reduction::None);
+        const auto want_sum = F::cross_entropy(whole_logits, target, F::CrossEntropyFuncOptions().reduction(torch::kSum));
+        const auto want_none = F::cross_entropy(whole_logits, target, F::CrossEntropyFuncOptions().reduction(torch::kNone));
+        require(sum.dim() == 0 && torch::allclose(sum, want_sum, 1e-5, 0),
+                "Sum: " + std::to_string(sum.item<double>()) + ", one process " + std::to_string(want_sum.item<double>()));
+        require(none.sizes() == want_none.sizes() && torch::allclose(none, want_none, 1e-5, 1e-6),
+                "None: the per-token losses differ from one process's (largest difference " +
+                    std::to_string((none - want_none).abs().max().item<double>()) + ")");
+
+        const double inf = std::numeric_limits<double>::infinity(), max_norm = 1e-3;
+        want_sum.backward();
+        const double want_norm = torch::nn::utils::clip_grad_norm_(whole->parameters(), max_norm, inf);
+        acc.backward(sum);
+        const double norm = acc.clip_grad_norm_(model, max_norm, inf);
+        require(std::abs(norm - want_norm) <= 1e-5 * want_norm,
+                "infinity norm " + std::to_string(norm) + ", one process " + std::to_string(want_norm));
+        require(norm > max_norm, "the clip never bit");
+        // Clipped: the largest entry of every part, maxed over the group, is max_norm.
+        auto largest = torch::zeros({1}, torch::kDouble);
+        for (const auto& p : split->parameters())
+          largest = torch::maximum(largest, p.grad().abs().max().to(torch::kDouble).reshape({1}));
+        tp.all_reduce_(largest, hasten::ReduceOp::Max);
+        require(std::abs(largest.item<double>() - max_norm) <= 1e-6 * max_norm,
+                "after clipping the largest gradient entry is " + std::to_string(largest.item<double>()));
       },
       with_ranks(2, {{"HASTEN_COMM", "shm"}, {"HASTEN_STRATEGY", "ddp"}}));
 }
