@@ -19,7 +19,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config
-  clang-19                          # the compiler `make` builds with (Makefile: HASTEN_CXX)
+  clang-19 lld-19                   # the compiler `make` builds with (Makefile: HASTEN_CXX) and its linker
   python3 python3-venv              # the interpreter .venv is made from
   libgloo-dev                       # CPU collectives (comm plugin gloo; plugins/comm/gloo/gloo_loader.c)
   openmpi-bin libopenmpi-dev        # mpirun (tests start runs with it) and the mpi comm plugin

@@ -1,6 +1,6 @@
 #include "max_model.hpp"
 
-#include <hasten/hasten.hpp>
+#include <hasten/error.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -21,15 +21,11 @@
 #include <sstream>
 #include <thread>
 
-#include "workloads.hpp"
 
 namespace hasten::bench {
 
 namespace {
 
-constexpr int kProcesses = 2;
-constexpr int kSteps = 3;
-constexpr int64_t kVocab = 96;  // gpt-tiny's
 // A trial is stopped, and the whole search ends, when the machine has less than this left:
 // the budget is the processes', the machine's other users must not pay for it.
 constexpr uint64_t kMachineReserve = 1ull << 30;
@@ -119,7 +115,7 @@ std::vector<std::string> trial_command(const MaxModelOptions& o, const std::stri
   if (side == "torch-ddp2") {
     const GptShape s = gpt_shape(size);
     return {o.python, o.peer, "--workload", "gpt-tiny", "--mode", "ddp2", "--warmup", "0", "--steps",
-            std::to_string(kSteps), "--batch", std::to_string(o.batch), "--gpt-shape", std::to_string(s.d_model),
+            std::to_string(kMaxModelSteps), "--batch", std::to_string(o.batch), "--gpt-shape", std::to_string(s.d_model),
             std::to_string(s.layers), std::to_string(o.seq)};
   }
   return {o.self, "--max-model-trial", side, "--max-model-size", std::to_string(size), "--max-model-seq",
@@ -252,43 +248,6 @@ void print_trial(const std::string& side, const Trial& t, uint64_t budget) {
 GptShape gpt_shape(int size) {
   const int64_t s = size;
   return {32 * s, std::max<int64_t>(1, s / 2), s, 4 * 32 * s};
-}
-
-void max_model_trial(const std::string& mode, int size, int seq, int batch) {
-  if (mode != "ddp2" && mode != "zero3") throw hasten::Error("--max-model-trial: mode must be ddp2 or zero3");
-  hasten::LaunchOptions lo;
-  lo.num_processes = kProcesses;
-  lo.timeout_s = 7200;
-  hasten::launch(
-      [&] {
-        namespace W = hasten::workloads;
-        hasten::Options o;
-        o.strategy = mode == "ddp2" ? "ddp" : "zero3";
-        hasten::Accelerator acc(o);
-        torch::manual_seed(0);
-        const GptShape s = gpt_shape(size);
-        auto model = std::make_shared<W::TinyGptImpl>(kVocab, seq, s.d_model, s.nhead, s.ff, s.layers, mode == "zero3");
-        int64_t params = 0;
-        for (auto& p : model->parameters()) params += p.numel();
-        torch::optim::AdamW optimizer(model->parameters(), W::optimizer_options());
-        auto [net, opt] = acc.prepare(model, optimizer);
-        torch::manual_seed(1 + acc.process_index());
-        for (int step = 0; step < kSteps; ++step) {
-          const torch::Tensor tokens = torch::randint(0, kVocab, {seq + 1, batch}, torch::kLong);
-          const torch::Tensor logits = net(tokens.narrow(0, 0, seq));
-          acc.backward(W::loss("gpt-tiny", logits, tokens.narrow(0, 1, seq).t()));
-          opt.step();
-          opt.zero_grad();
-        }
-        auto rss = acc.gather(torch::tensor({W::peak_rss_mb()}, torch::kDouble)).to(torch::kCPU);
-        if (acc.is_main_process())
-          std::cout << nlohmann::ordered_json{{"impl", "hasten"}, {"mode", mode}, {"size", size}, {"params", params},
-                                              {"peak_rss_mb", std::vector<double>(rss.data_ptr<double>(),
-                                                                                  rss.data_ptr<double>() + rss.numel())}}
-                           .dump()
-                    << std::endl;
-      },
-      lo);
 }
 
 int max_model(const MaxModelOptions& options) {

@@ -11,6 +11,11 @@ namespace hasten::bench {
 // The model family: size s is a gpt-tiny-shaped transformer of width 32 s (heads of 32,
 // feed-forward 4 x width) and depth max(1, s / 2), so that depth and width grow together and
 // the parameter count grows about as s^3 (size 34: width 1088, 17 layers, 242 M parameters).
+// Each trial: processes, optimizer steps, and the vocabulary (gpt-tiny's).
+inline constexpr int kMaxModelProcesses = 2;
+inline constexpr int kMaxModelSteps = 3;
+inline constexpr int64_t kMaxModelVocab = 96;
+
 struct GptShape {
   int64_t d_model, layers, nhead, ff;
 };

@@ -26,6 +26,9 @@
 #include "test_tensor_util.hpp"
 #include "test_util.hpp"
 
+// A namespace per file: the files of this executable compile as one unit.
+namespace accelerate_parity_tests {
+
 using hasten::Accelerator;
 using hasten::Options;
 namespace F = torch::nn::functional;
@@ -707,3 +710,5 @@ TEST(ParityOps, DebugModeRefusesPaddingTensorsOfDifferentDimensions) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, Parity, ::testing::Values("ddp", "zero2", "zero3"));
+
+}  // namespace accelerate_parity_tests

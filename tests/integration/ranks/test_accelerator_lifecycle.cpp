@@ -12,6 +12,9 @@
 
 #include "test_util.hpp"
 
+// A namespace per file: the files of this executable compile as one unit.
+namespace lifecycle_tests {
+
 using hasten::Accelerator;
 
 namespace {
@@ -277,3 +280,5 @@ TEST(Lifecycle, ALoadersEvenAndSplitBatchesOverrideTheAccelerators) {
       },
       two_ranks());
 }
+
+}  // namespace lifecycle_tests

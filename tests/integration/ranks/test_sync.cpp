@@ -24,6 +24,9 @@
 
 #include "test_util.hpp"
 
+// A namespace per file: the files of this executable compile as one unit.
+namespace sync_tests {
+
 using hasten::Accelerator;
 using hasten::Options;
 namespace F = torch::nn::functional;
@@ -621,3 +624,5 @@ TEST(Join, UnevenInputsUnderZero3OrFsdpAreRefusedWithOneLine) {
     });
   }
 }
+
+}  // namespace sync_tests

@@ -20,6 +20,9 @@
 
 #include "test_util.hpp"
 
+// A namespace per file: the files of this executable compile as one unit.
+namespace zero_grad_tests {
+
 using hasten::Accelerator;
 
 namespace {
@@ -113,3 +116,5 @@ TEST(ZeroGrad, ModuleZeroGradMatchesSingleProcessUnderZero3) { training_check("z
 TEST(ZeroGrad, ModuleZeroGradMatchesSingleProcessUnderFsdp) { training_check("fsdp", "module"); }
 TEST(ZeroGrad, PreparedModelZeroGradMatchesSingleProcessUnderZero2) { training_check("zero2", "prepared"); }
 TEST(ZeroGrad, PreparedModelZeroGradMatchesSingleProcessUnderZero3) { training_check("zero3", "prepared"); }
+
+}  // namespace zero_grad_tests
