@@ -23,6 +23,7 @@ function(_hasten_torch_pch_anchor name)
     target_precompile_headers(${name} PRIVATE <torch/torch.h>)
     if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
       target_precompile_headers(${name} PRIVATE ${_HASTEN_PCH_DIR}/torch_pch_json.hpp)
+      target_link_libraries(${name} PRIVATE nlohmann_json::nlohmann_json)  # its include directory
     endif()
   endif()
 endfunction()

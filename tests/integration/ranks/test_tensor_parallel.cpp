@@ -363,9 +363,9 @@ TEST(TensorParallel, LossReductionsAndInfinityNormEqualOneProcess) {
         const double norm = acc.clip_grad_norm_(model, max_norm, inf);
         require(std::abs(norm - want_norm) <= 1e-5 * want_norm,
                 "infinity norm " + std::to_string(norm) + ", one process " + std::to_string(want_norm));
-        // Every gradient, split or replicated, scaled by LibTorch's coefficient for that norm
-        // (a parameter the clip skipped would keep its gradient).
-        const double coef = max_norm / (want_norm + 1e-6);
+        // Every gradient, split or replicated, scaled by LibTorch's coefficient for the norm it
+        // returned (a parameter the clip skipped would keep its gradient).
+        const double coef = max_norm / (norm + 1e-6);
         require(coef < 0.5, "the clip would barely bite (coefficient " + std::to_string(coef) + ")");
         size_t k = 0;
         for (const auto& item : split->named_parameters()) {
