@@ -11,8 +11,11 @@
 //   torch::NoGradGuard no_grad;
 //   auto logits = net->forward(tokens);    // "disk" units read their weights as they run
 //
-// Devices: "cpu", and "disk" for hasten::Unit modules (a unit is what can tell when it runs,
-// unit.hpp). GPUs are not placed yet: a map naming "cuda" is refused in one line.
+// Devices: "cpu", "cuda" (cuda:0), "cuda:N", and "disk" for hasten::Unit modules (a unit is
+// what can tell when it runs, unit.hpp). With a GPU in the map, the first one is the main device
+// (Accelerate's dispatch_model): each outermost unit runs on its GPU, or the main one when it is
+// mapped to "cpu" (offloaded: its weights copied in for each forward) or "disk", and moves its
+// forward's tensor arguments there; parameters outside units stay where the map puts them.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -41,28 +44,30 @@ class EmptyWeights {
 // A parameter or buffer goes where its innermost listed module goes.
 struct DevicePlacement {
   std::string module;
-  std::string device;  // "cpu" or "disk"
+  std::string device;  // "cpu", "cuda", "cuda:N" or "disk"
 };
 using DeviceMap = std::vector<DevicePlacement>;
 
 // The model's units (the outermost hasten::Unit modules, in order) placed on the devices of
 // `max_memory` in order: each unit goes to the current device while its parameters and buffers
 // fit what is left there, else the current device becomes the next one (Accelerate's rule: a
-// device is not returned to); the units left when the devices are used up go to "disk". The parameters outside every unit stay with the root
-// on the first device. UsageError for an empty or unknown device (allowed: "cpu").
+// device is not returned to); the units left when the devices are used up go to "disk". The
+// parameters outside every unit stay with the root on the first device. UsageError for an empty
+// or unknown device (allowed: "cpu", "cuda", "cuda:N" of this machine).
 DeviceMap infer_auto_device_map(torch::nn::Module& model,
                                 const std::vector<std::pair<std::string, uint64_t>>& max_memory);
 
 // Reads the weights at `checkpoint` (a .safetensors file, a directory in save_model's layout, or
 // a save_state checkpoint) into the model (built whole, or under EmptyWeights) by `map`, after
-// checking all of it, one tensor at a time: modules on "cpu" get their values now,
-// units on "disk" read theirs before each forward (which must run under torch::NoGradGuard) and
-// drop them after. Strict: every parameter and buffer of the model must be in the checkpoint
-// with its shape (dtype converted), and nothing else. Errors (one line each): a map that names
-// a module the model lacks, a device other than "cpu" or "disk", "disk" for a module that is
-// not a unit, a unit prepared by an Accelerator or dispatched already, a module listed twice,
-// a tensor no listed module holds, a tied tensor streamed with one of its modules only. A
-// dispatched model serves one forward at a time, and Accelerator::prepare refuses it.
+// checking all of it, one tensor at a time: modules on a GPU or "cpu" get their values now,
+// units on "disk" (and, with a GPU in the map, units on "cpu") read theirs before each forward
+// (which must run under torch::NoGradGuard) and drop them after. Strict: every parameter and
+// buffer of the model must be in the checkpoint with its shape (dtype converted), and nothing
+// else. Errors (one line each): a map that names a module the model lacks, a device other than
+// "cpu", "disk", "cuda", "cuda:N" or a GPU this machine lacks, "disk" for a module that is not a
+// unit, a unit prepared by an Accelerator or dispatched already, a module listed twice, a tensor
+// no listed module holds, a tied tensor streamed with one of its modules only or placed on two
+// devices. A dispatched model serves one forward at a time, and Accelerator::prepare refuses it.
 void load_checkpoint_and_dispatch(torch::nn::Module& model, const std::string& checkpoint, const DeviceMap& map);
 
 }  // namespace hasten

@@ -49,7 +49,11 @@ class UnitStream;
 class UnitBase {
  public:
   virtual ~UnitBase();
-  bool hasten_attached() const noexcept { return engine_ != nullptr || stream_ != nullptr; }
+  bool hasten_attached() const noexcept { return engine_ != nullptr || stream_ != nullptr || device_.has_value(); }
+  // Where a dispatched unit runs (load_checkpoint_and_dispatch with GPUs in its map): its
+  // forward's tensor arguments are moved there first, as Accelerate's AlignDevicesHook does, so
+  // units on different devices chain. Unset: arguments are taken as passed.
+  const std::optional<torch::Device>& hasten_device() const noexcept { return device_; }
   // Activation checkpointing (Accelerator::checkpoint_activations, config key
   // activation_checkpointing): the unit's forward keeps no activations and runs again in
   // backward. Its forward must return one tensor.
@@ -82,6 +86,7 @@ class UnitBase {
   // Big-model inference (big_modeling.hpp): the unit's weights are read from disk before each
   // forward and dropped after it.
   std::shared_ptr<detail::UnitStream> stream_;
+  std::optional<torch::Device> device_;
 };
 
 namespace detail {
@@ -194,6 +199,28 @@ constexpr bool keepable_argument_v =
 template <class R, class... A>
 constexpr bool checkpointable_v = std::is_same_v<std::decay_t<R>, torch::Tensor> && (keepable_argument_v<A> && ...);
 
+// An argument of a dispatched unit's forward on the unit's device (hasten_device). A is the
+// forward's parameter type: a tensor (also optional or in a vector) it takes by value or by const
+// reference is passed as a copy on the device (the same tensor where it is there already);
+// anything else, a non-const tensor reference included, is passed as it is.
+template <class A, class T>
+decltype(auto) on_device(T&& arg, const torch::Device& device) {
+  using D = std::decay_t<T>;
+  constexpr bool replaceable = !(std::is_lvalue_reference_v<A> && !std::is_const_v<std::remove_reference_t<A>>);
+  if constexpr (replaceable && std::is_same_v<D, torch::Tensor>) {
+    return arg.defined() ? arg.to(device) : torch::Tensor(arg);
+  } else if constexpr (replaceable && std::is_same_v<D, std::optional<torch::Tensor>>) {
+    return arg && arg->defined() ? std::optional<torch::Tensor>(arg->to(device)) : std::optional<torch::Tensor>(arg);
+  } else if constexpr (replaceable && std::is_same_v<D, std::vector<torch::Tensor>>) {
+    std::vector<torch::Tensor> out;
+    out.reserve(arg.size());
+    for (const auto& t : arg) out.push_back(t.defined() ? t.to(device) : t);
+    return out;
+  } else {
+    return static_cast<T&&>(arg);
+  }
+}
+
 // A checkpointed unit's forward: the arguments are kept (tensors as the inputs the recompute
 // gets detached copies of), and both runs go through unit_forward, so a sharding strategy
 // gathers the unit's parameters for the recompute as for the forward.
@@ -229,6 +256,13 @@ class UnitImpl<Impl, R (C::*)(A...)> : public Impl, public UnitBase {
   UnitImpl() = default;
   bool hasten_checkpointable() const noexcept override { return detail::checkpointable_v<R, A...>; }
   R forward(A... args) {
+    if (const auto& device = this->hasten_device())
+      return hasten_forward(detail::on_device<A>(std::forward<A>(args), *device)...);
+    return hasten_forward(std::forward<A>(args)...);
+  }
+
+ private:
+  R hasten_forward(A... args) {
     if constexpr (detail::checkpointable_v<R, A...>)
       if (this->hasten_checkpointed() && torch::GradMode::is_enabled())
         return detail::checkpointed_forward<R>(
@@ -237,7 +271,6 @@ class UnitImpl<Impl, R (C::*)(A...)> : public Impl, public UnitBase {
     return detail::unit_forward(*this, [&]() -> R { return Impl::forward(std::forward<A>(args)...); });
   }
 
- private:
   detail::UnitBuiltSignal hasten_built_{*this};
 };
 
@@ -249,6 +282,13 @@ class UnitImpl<Impl, R (C::*)(A...) const> : public Impl, public UnitBase {
   UnitImpl() = default;
   bool hasten_checkpointable() const noexcept override { return detail::checkpointable_v<R, A...>; }
   R forward(A... args) {
+    if (const auto& device = this->hasten_device())
+      return hasten_forward(detail::on_device<A>(std::forward<A>(args), *device)...);
+    return hasten_forward(std::forward<A>(args)...);
+  }
+
+ private:
+  R hasten_forward(A... args) {
     if constexpr (detail::checkpointable_v<R, A...>)
       if (this->hasten_checkpointed() && torch::GradMode::is_enabled())
         return detail::checkpointed_forward<R>(
@@ -257,7 +297,6 @@ class UnitImpl<Impl, R (C::*)(A...) const> : public Impl, public UnitBase {
     return detail::unit_forward(*this, [&]() -> R { return Impl::forward(std::forward<A>(args)...); });
   }
 
- private:
   detail::UnitBuiltSignal hasten_built_{*this};
 };
 
@@ -269,9 +308,17 @@ class UnitImpl<Impl, void> : public Impl, public UnitBase {
   UnitImpl() = default;
   template <class... A>
   decltype(auto) forward(A&&... args) {
+    if (const auto& device = this->hasten_device())
+      return hasten_forward(detail::on_device<std::decay_t<A>>(std::forward<A>(args), *device)...);
+    return hasten_forward(std::forward<A>(args)...);
+  }
+
+ private:
+  template <class... A>
+  decltype(auto) hasten_forward(A&&... args) {
     return detail::unit_forward(*this, [&]() -> decltype(auto) { return Impl::forward(std::forward<A>(args)...); });
   }
- private:
+
   detail::UnitBuiltSignal hasten_built_{*this};
 };
 

@@ -62,8 +62,8 @@ size_t Engine::add_model(std::shared_ptr<torch::nn::Module> module) {
     if (auto* u = dynamic_cast<UnitBase*>(m.get())) {
       if (u->engine_ != nullptr && u->engine_ != this)
         throw UsageError("prepare: a hasten::Unit of this model is already prepared by another Accelerator");
-      if (u->stream_ != nullptr)
-        throw UsageError("prepare: a hasten::Unit of this model streams its weights from disk "
+      if (u->stream_ != nullptr || u->device_.has_value())
+        throw UsageError("prepare: a hasten::Unit of this model is dispatched by a device map "
                          "(load_checkpoint_and_dispatch, for inference); prepare a model loaded whole "
                          "(hasten::load_weights) to train it");
       entry.units.push_back(u);

@@ -9,7 +9,9 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <algorithm>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "checkpoint/weight_files.hpp"
@@ -28,13 +30,31 @@ bool inside(const std::string& name, const std::string& module) {
                                               name[module.size()] == '.');
 }
 
-void check_device(const std::string& device, const char* who, bool disk_allowed) {
-  if (device == "cpu" || (disk_allowed && device == "disk")) return;
-  if (device.rfind("cuda", 0) == 0)
-    throw UsageError(std::string(who) + ": device '" + device +
-                     "': GPUs are not placed by a device map yet (allowed: cpu" + (disk_allowed ? ", disk)" : ")"));
-  throw UsageError(std::string(who) + ": '" + device + "' is not a device (allowed: cpu" +
-                   (disk_allowed ? ", disk)" : ")"));
+// A device of a map: the CPU, disk (units only) or a GPU of this machine.
+struct MapDevice {
+  enum Kind { kCpu, kDisk, kGpu } kind = kCpu;
+  c10::DeviceIndex index = 0;
+  torch::Device device() const { return kind == kGpu ? torch::Device(torch::kCUDA, index) : torch::Device(torch::kCPU); }
+};
+
+MapDevice parse_device(const std::string& device, const char* who, bool disk_allowed) {
+  if (device == "cpu") return {};
+  if (disk_allowed && device == "disk") return {MapDevice::kDisk};
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  const bool gpu = device == "cuda" || (device.size() > 5 && device.size() <= 8 && device.compare(0, 5, "cuda:") == 0 &&
+                                        std::all_of(device.begin() + 5, device.end(), digit) &&
+                                        (device[5] != '0' || device.size() == 6));
+  if (!gpu)
+    throw UsageError(std::string(who) + ": '" + device + "' is not a device (allowed: cpu, " +
+                     (disk_allowed ? "disk, " : "") + "cuda, cuda:N)");
+  const int index = device == "cuda" ? 0 : std::stoi(device.substr(5));
+  const int count = static_cast<int>(torch::cuda::device_count());
+  if (index >= count)
+    throw UsageError(std::string(who) + ": device '" + device + "': this machine has " +
+                     (count == 0 ? std::string("no CUDA GPU")
+                                 : std::to_string(count) + " (cuda:0" +
+                                       (count > 1 ? " to cuda:" + std::to_string(count - 1) : std::string()) + ")"));
+  return {MapDevice::kGpu, static_cast<c10::DeviceIndex>(index)};
 }
 
 // The outermost units, by name, in module order.
@@ -66,8 +86,8 @@ uint64_t bytes_of(torch::nn::Module& m) {
 }  // namespace
 
 DeviceMap infer_auto_device_map(torch::nn::Module& model, const std::vector<std::pair<std::string, uint64_t>>& max_memory) {
-  if (max_memory.empty()) throw UsageError("infer_auto_device_map: max_memory names no device (allowed: cpu)");
-  for (auto& [device, bytes] : max_memory) check_device(device, "infer_auto_device_map", false);
+  if (max_memory.empty()) throw UsageError("infer_auto_device_map: max_memory names no device (allowed: cpu, cuda:N)");
+  for (auto& [device, bytes] : max_memory) parse_device(device, "infer_auto_device_map", false);
   const auto units = outer_units(model);
   // The root's own share: everything outside the units.
   uint64_t in_units = 0;
@@ -101,8 +121,9 @@ void load_checkpoint_and_dispatch(torch::nn::Module& model, const std::string& c
     if (auto* unit = dynamic_cast<UnitBase*>(m.get()); unit != nullptr && unit->hasten_attached())
       throw UsageError(std::string(who) + ": '" + name + "' is prepared by an Accelerator or dispatched already");
   std::set<std::string> listed;
+  std::vector<MapDevice> devices;  // map[i]'s
   for (auto& e : map) {
-    check_device(e.device, who, true);
+    devices.push_back(parse_device(e.device, who, true));
     if (!listed.insert(e.module).second)
       throw UsageError(std::string(who) + ": the device map lists '" + e.module + "' twice");
     auto it = modules.find(e.module);
@@ -124,22 +145,56 @@ void load_checkpoint_and_dispatch(torch::nn::Module& model, const std::string& c
       if (e.name == name) stored[name] = {file, e.dtype, e.shape, header.data_start + e.begin, e.end - e.begin};
     if (!stored.count(name)) throw Error(std::string(who) + ": '" + path.string() + "' lacks '" + name + "', which the index lists");
   }
+  // The innermost listed module holding `name`, or none.
+  auto entry_of = [&](const std::string& name) -> std::optional<size_t> {
+    std::optional<size_t> where;
+    for (size_t i = 0; i < map.size(); ++i)
+      if (inside(name, map[i].module) && (!where || map[i].module.size() > map[*where].module.size())) where = i;
+    return where;
+  };
+  // Accelerate's main device: with a GPU in the map, the first one, where the units whose weights
+  // are on disk or offloaded to the CPU run. Every outermost unit then runs on a GPU (its own, or
+  // the main one) and moves its forward's inputs there.
+  std::optional<torch::Device> main_gpu;
+  for (auto& d : devices)
+    if (d.kind == MapDevice::kGpu && !main_gpu) main_gpu = d.device();
+  const auto units = outer_units(model);
+  std::map<std::string, torch::Device> runs_on;  // outermost unit -> its device
+  for (auto& [name, m] : units) {
+    const auto e = entry_of(name);
+    runs_on.emplace(name, e && devices[*e].kind == MapDevice::kGpu ? devices[*e].device()
+                                                                    : main_gpu.value_or(torch::Device(torch::kCPU)));
+  }
+  // The outermost unit holding `name` (a module or a tensor), or none.
+  auto outer_unit_of = [&](const std::string& name) -> const std::string* {
+    for (auto& [unit, m] : units)
+      if (inside(name, unit)) return &unit;
+    return nullptr;
+  };
+
   // First every check, then the reads: a refusal leaves the model as it was. Each tensor goes
-  // where its innermost listed module goes; a tensor under several names (tied weights) is read
+  // where its innermost listed module goes: onto its device, or into the stream of the unit that
+  // reads it in for each forward (a unit on disk; with a GPU in the map, the outermost unit
+  // around a tensor mapped to the CPU). A tensor under several names (tied weights) is read
   // once, and all its names must go to the same place.
+  struct Destination {
+    std::optional<std::string> stream;  // the unit that streams it
+    torch::Device device{torch::kCPU};  // where it is read to (streamed: where its unit runs)
+    bool from_disk = false;
+    bool operator==(const Destination& o) const { return stream == o.stream && device == o.device; }
+  };
   struct Placement {
     std::string name;
     torch::Tensor tensor;
-    const DevicePlacement* where;
+    size_t entry;
+    Destination to;
   };
   std::vector<Placement> placements;
   std::map<const void*, size_t> by_tensor;  // TensorImpl -> its first placement
   std::set<std::string> used;
   auto resolve = [&](const std::string& name, const torch::Tensor& tensor) {
-    const DevicePlacement* where = nullptr;
-    for (auto& e : map)
-      if (inside(name, e.module) && (where == nullptr || e.module.size() > where->module.size())) where = &e;
-    if (where == nullptr)
+    const auto entry = entry_of(name);
+    if (!entry)
       throw UsageError(std::string(who) + ": no module of the device map holds '" + name +
                        "' (list it, a module above it, or the root \"\")");
     auto s = stored.find(name);
@@ -149,35 +204,53 @@ void load_checkpoint_and_dispatch(torch::nn::Module& model, const std::string& c
       throw Error(std::string(who) + ": '" + name + "' has shape " + c10::str(c10::IntArrayRef(s->second.shape)) + " in '" +
                   checkpoint + "', the model's is " + c10::str(c10::IntArrayRef(shape)));
     used.insert(name);
+    Destination to;
+    const MapDevice& device = devices[*entry];
+    const std::string& module = map[*entry].module;
+    const std::string* outer = outer_unit_of(module == "" ? name : module);
+    if (device.kind == MapDevice::kGpu) {
+      to.device = device.device();
+    } else if (device.kind == MapDevice::kDisk) {
+      to.stream = module;
+      to.from_disk = true;
+      to.device = outer != nullptr ? runs_on.at(*outer) : main_gpu.value_or(torch::Device(torch::kCPU));
+    } else if (main_gpu && (outer = outer_unit_of(name)) != nullptr) {
+      to.stream = *outer;  // offloaded: kept on the CPU, read in to its unit's GPU for each forward
+      to.device = runs_on.at(*outer);
+    }
     const auto [first, fresh] = by_tensor.emplace(tensor.unsafeGetTensorImpl(), placements.size());
     if (!fresh) {
       const Placement& other = placements[first->second];
-      if (other.where != where && (other.where->device == "disk" || where->device == "disk"))
+      if (!(other.to == to))
         throw UsageError(std::string(who) + ": '" + other.name + "' and '" + name +
-                         "' are one tensor (tied weights), placed with '" + other.where->module + "' (" +
-                         other.where->device + ") and '" + where->module + "' (" + where->device +
-                         "): a tied tensor cannot stream from disk with one of its modules only; map both modules "
-                         "to the CPU or into one unit");
+                         "' are one tensor (tied weights), placed with '" + map[other.entry].module + "' (" +
+                         map[other.entry].device + ") and '" + module + "' (" + map[*entry].device +
+                         "): a tied tensor cannot be streamed with one of its modules only, nor be on two devices; "
+                         "map both modules to one device or into one unit");
       return;
     }
-    placements.push_back({name, tensor, where});
+    placements.push_back({name, tensor, *entry, std::move(to)});
   };
   for (auto& item : model.named_parameters()) resolve(item.key(), item.value());
   for (auto& item : model.named_buffers()) resolve(item.key(), item.value());
   for (auto& [name, s] : stored)
     if (!used.count(name)) throw Error(std::string(who) + ": '" + checkpoint + "' has '" + name + "', which the model does not");
-  std::map<std::string, std::vector<UnitStream::Slot>> streamed;  // disk unit -> its tensors
+  std::map<std::string, std::pair<std::vector<UnitStream::Slot>, torch::Device>> streamed;  // unit -> its tensors
   torch::NoGradGuard no_grad;
   for (auto& p : placements) {
     const StoredTensor& s = stored.at(p.name);
-    if (p.where->device == "disk")
-      streamed[p.where->module].push_back({p.name, p.tensor, s});
-    else
-      p.tensor.set_data(detail::read_stored(s, p.tensor.scalar_type(), p.name));
+    if (!p.to.stream) {
+      p.tensor.set_data(detail::read_stored(s, p.tensor.scalar_type(), p.name).to(p.to.device));
+      continue;
+    }
+    auto& [slots, device] = streamed.try_emplace(*p.to.stream, std::vector<UnitStream::Slot>{}, p.to.device).first->second;
+    slots.push_back({p.name, p.tensor, s, p.to.from_disk ? torch::Tensor() : detail::read_stored(s, p.tensor.scalar_type(), p.name)});
   }
   for (auto& [module, slots] : streamed)
     UnitStream::attach(*dynamic_cast<UnitBase*>(modules.at(module).get()),
-                       std::make_shared<UnitStream>(module, std::move(slots)));
+                       std::make_shared<UnitStream>(module, std::move(slots.first), slots.second));
+  if (main_gpu)
+    for (auto& [name, m] : units) UnitStream::run_on(*dynamic_cast<UnitBase*>(m.get()), runs_on.at(name));
 }
 
 }  // namespace hasten

@@ -1,5 +1,5 @@
-// Units streamed from disk (unit_stream.hpp): reading a stored tensor by its offset, and a
-// unit's weights in for its forward and out after.
+// Streamed units (unit_stream.hpp): reading a stored tensor by its offset, and a unit's weights
+// in for its forward (from disk or from their CPU copies) and out after.
 #include "offload/unit_stream.hpp"
 
 #include <hasten/error.hpp>
@@ -51,8 +51,8 @@ torch::Tensor read_stored(const StoredTensor& stored, torch::ScalarType dtype, c
   return dtype == stored.dtype ? t : t.to(dtype);
 }
 
-UnitStream::UnitStream(std::string unit_name, std::vector<Slot> slots)
-    : unit_name_(std::move(unit_name)), slots_(std::move(slots)) {}
+UnitStream::UnitStream(std::string unit_name, std::vector<Slot> slots, torch::Device device)
+    : unit_name_(std::move(unit_name)), slots_(std::move(slots)), device_(device) {}
 
 void UnitStream::attach(UnitBase& unit, const std::shared_ptr<UnitStream>& stream) {
   unit.stream_ = stream;
@@ -62,11 +62,14 @@ void UnitStream::attach(UnitBase& unit, const std::shared_ptr<UnitStream>& strea
 void UnitStream::read_in() {
   if (torch::GradMode::is_enabled())
     throw UsageError("'" + unit_name_ +
-                     "' streams its weights from disk (load_checkpoint_and_dispatch), for inference: run the forward "
-                     "under torch::NoGradGuard (its weights are dropped before a backward could use them)");
+                     "' streams its weights from disk or the CPU (load_checkpoint_and_dispatch), for inference: run the "
+                     "forward under torch::NoGradGuard (its weights are dropped before a backward could use them)");
   torch::NoGradGuard no_grad;
   try {
-    for (auto& s : slots_) s.tensor.set_data(read_stored(s.stored, s.tensor.scalar_type(), s.name));
+    for (auto& s : slots_) {
+      torch::Tensor values = s.host.defined() ? s.host : read_stored(s.stored, s.tensor.scalar_type(), s.name);
+      s.tensor.set_data(values.to(device_));
+    }
   } catch (...) {
     drop();  // the slots read so far are not left loaded
     throw;
@@ -75,7 +78,7 @@ void UnitStream::read_in() {
 
 void UnitStream::drop() {
   torch::NoGradGuard no_grad;
-  for (auto& s : slots_) s.tensor.set_data(torch::empty({0}, s.tensor.options()));
+  for (auto& s : slots_) s.tensor.set_data(torch::empty({0}, s.tensor.options().device(device_)));
   release_freed_memory();
 }
 

@@ -1,7 +1,8 @@
-// A unit whose weights stay on disk (big-model inference, hasten/big_modeling.hpp): before each
-// forward its parameters and buffers are read from the checkpoint into fresh storage, after it
-// they are dropped again (0-element tensors of their dtype), so that of all such units only the
-// running one's weights are in memory.
+// A unit whose weights stay on disk, or in CPU memory while it runs on a GPU (big-model
+// inference, hasten/big_modeling.hpp): before each forward its parameters and buffers are read
+// from the checkpoint (or copied from their CPU copies) into fresh storage on the unit's device,
+// after it they are dropped again (0-element tensors of their dtype), so that of all such units
+// only the running one's weights are on its device.
 #pragma once
 
 #include <hasten/unit.hpp>
@@ -59,16 +60,21 @@ torch::Tensor read_stored(const StoredTensor& stored, torch::ScalarType dtype, c
 class UnitStream {
  public:
   // One of the unit's parameters or buffers (the tensor shares the module's TensorImpl, so
-  // set_data on it is the module's) and where its values are.
+  // set_data on it is the module's) and where its values are: in the checkpoint (`stored`), or,
+  // offloaded, in `host`, a CPU tensor of the module's dtype.
   struct Slot {
     std::string name;
     torch::Tensor tensor;
     StoredTensor stored;
+    torch::Tensor host;
   };
-  UnitStream(std::string unit_name, std::vector<Slot> slots);
+  // `device`: where the unit runs, its weights read in there.
+  UnitStream(std::string unit_name, std::vector<Slot> slots, torch::Device device);
   // The unit streams its weights from now on; its tensors hold none until its next forward.
   static void attach(UnitBase& unit, const std::shared_ptr<UnitStream>& stream);
   static bool attached(const UnitBase& unit) { return unit.stream_ != nullptr; }
+  // The unit runs on `device`: its forward's tensor arguments are moved there (UnitBase::hasten_device).
+  static void run_on(UnitBase& unit, torch::Device device) { unit.device_ = device; }
   // Before the unit's forward: every slot read in (UsageError with autograd on: the weights
   // would be gone before backward needs them). One forward at a time: the unit's tensors are
   // shared by every thread that calls it.
@@ -79,6 +85,7 @@ class UnitStream {
  private:
   std::string unit_name_;
   std::vector<Slot> slots_;
+  torch::Device device_;
 };
 
 }  // namespace hasten::detail

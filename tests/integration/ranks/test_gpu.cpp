@@ -443,6 +443,80 @@ TEST(GpuProfiler, TheTraceHoldsCudaKernelsAndHastensRanges) {
   EXPECT_TRUE(has("\"name\": \"hasten::optimizer_step\"", "\"name\":\"hasten::optimizer_step\"")) << "no optimizer_step range";
 }
 
+// Big-model inference over GPUs (load_checkpoint_and_dispatch): a map puts the input layer and
+// block0 on cuda:0, block1 on the CPU (offloaded: it runs on cuda:0 with its weights copied in),
+// block2 on disk (read to cuda:0 for its forward), block3 on the last GPU; the head, a unit under
+// the root, runs on cuda:0. Each unit moves its input to its device, the forward equals the whole
+// model's on the CPU, and the offloaded units hold no GPU weights between forwards.
+struct DispatchStackImpl : torch::nn::Module {
+  DispatchStackImpl() {
+    in = register_module("in", torch::nn::Linear(8, 64));
+    for (int i = 0; i < 4; ++i)
+      blocks.push_back(register_module("block" + std::to_string(i), hasten::Unit<torch::nn::Linear>(64, 64)));
+    head = register_module("head", hasten::Unit<torch::nn::Linear>(64, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = in(x);
+    for (auto& b : blocks) h = torch::relu(b->forward(h));
+    return head->forward(h);
+  }
+  torch::nn::Linear in{nullptr};
+  std::vector<hasten::Unit<torch::nn::Linear>> blocks;
+  hasten::Unit<torch::nn::Linear> head{nullptr};
+};
+TORCH_MODULE(DispatchStack);
+
+TEST(GpuBigModeling, UnitsRunOnTheirGpusOffloadedAndDiskUnitsOnTheFirst) {
+  REQUIRE_GPUS(1);
+  strict_float32();
+  TempDir dir;
+  const std::string file = (dir.path() / "model.safetensors").string();
+  torch::manual_seed(0);
+  DispatchStack whole;
+  hasten::NamedTensors tensors;
+  for (auto& p : whole->named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
+  hasten::save_safetensors(file, tensors);
+
+  const std::string last = "cuda:" + std::to_string(visible_gpus() - 1);
+  DispatchStack big{nullptr};
+  {
+    hasten::EmptyWeights empty;
+    big = DispatchStack();
+  }
+  hasten::load_checkpoint_and_dispatch(
+      *big, file, {{"", "cuda:0"}, {"block0", "cuda:0"}, {"block1", "cpu"}, {"block2", "disk"}, {"block3", last}});
+  const torch::Device gpu0(torch::kCUDA, 0);
+  EXPECT_EQ(big->in->weight.device(), gpu0);
+  EXPECT_EQ(big->blocks[0]->weight.device(), gpu0);
+  EXPECT_EQ(big->blocks[3]->weight.device(), torch::Device(last));
+  EXPECT_EQ(big->head->weight.device(), gpu0) << "a unit under the root goes where the root goes";
+  EXPECT_EQ(big->blocks[1]->weight.numel(), 0) << "an offloaded unit holds no weights between forwards";
+  EXPECT_EQ(big->blocks[2]->weight.numel(), 0) << "a disk unit holds no weights between forwards";
+
+  torch::manual_seed(1);
+  const torch::Tensor x = torch::randn({5, 8});
+  torch::NoGradGuard no_grad;
+  const torch::Tensor want = whole->forward(x);
+  const torch::Tensor got = big->forward(x.to(gpu0));  // `in` is no unit: its input is the caller's to place
+  EXPECT_EQ(got.device(), gpu0) << "the head runs on cuda:0";
+  EXPECT_TRUE(torch::allclose(got.cpu(), want, 1e-5, 1e-6)) << (got.cpu() - want).abs().max();
+  EXPECT_EQ(big->blocks[1]->weight.numel(), 0) << "the offloaded unit kept its weights on the GPU";
+  EXPECT_EQ(big->blocks[2]->weight.numel(), 0) << "the disk unit kept its weights";
+  EXPECT_EQ(big->blocks[1]->weight.device(), gpu0);
+  // A unit called alone with a CPU input moves it to its GPU.
+  const torch::Tensor h = torch::randn({2, 64});
+  EXPECT_TRUE(torch::allclose(big->blocks[3]->forward(h).cpu(), whole->blocks[3]->forward(h), 1e-5, 1e-6));
+  EXPECT_EQ(big->blocks[3]->forward(h).device(), torch::Device(last));
+  // A map naming a GPU this machine lacks is one line; a dispatched model is not prepared.
+  DispatchStack other;
+  const std::string e = hasten::test::error_of(
+      [&] { hasten::load_checkpoint_and_dispatch(*other, file, {{"", "cuda:" + std::to_string(visible_gpus())}}); });
+  EXPECT_NE(e.find("this machine has " + std::to_string(visible_gpus())), std::string::npos) << e;
+  hasten::Accelerator acc(isolated());
+  const std::string prepared = hasten::test::error_of([&] { auto pm = acc.prepare(big); });
+  EXPECT_NE(prepared.find("dispatched by a device map"), std::string::npos) << prepared;
+}
+
 TEST(GpuLaunch, AProcessThatInitialisedCudaCannotFork) {
   REQUIRE_GPUS(1);
   (void)torch::cuda::device_count();  // cuInit in this process
