@@ -202,7 +202,9 @@ constexpr bool checkpointable_v = std::is_same_v<std::decay_t<R>, torch::Tensor>
 // An argument of a dispatched unit's forward on the unit's device (hasten_device). A is the
 // forward's parameter type: a tensor (also optional or in a vector) it takes by value or by const
 // reference is passed as a copy on the device (the same tensor where it is there already);
-// anything else, a non-const tensor reference included, is passed as it is.
+// anything else, a non-const tensor reference or tensors inside tuples and structs included, is
+// passed as it is (a forward returning a reference gets its arguments as passed: it could
+// return one of the copies).
 template <class A, class T>
 decltype(auto) on_device(T&& arg, const torch::Device& device) {
   using D = std::decay_t<T>;
@@ -256,8 +258,9 @@ class UnitImpl<Impl, R (C::*)(A...)> : public Impl, public UnitBase {
   UnitImpl() = default;
   bool hasten_checkpointable() const noexcept override { return detail::checkpointable_v<R, A...>; }
   R forward(A... args) {
-    if (const auto& device = this->hasten_device())
-      return hasten_forward(detail::on_device<A>(std::forward<A>(args), *device)...);
+    if constexpr (!std::is_reference_v<R>)
+      if (const auto& device = this->hasten_device())
+        return hasten_forward(detail::on_device<A>(std::forward<A>(args), *device)...);
     return hasten_forward(std::forward<A>(args)...);
   }
 
@@ -282,8 +285,9 @@ class UnitImpl<Impl, R (C::*)(A...) const> : public Impl, public UnitBase {
   UnitImpl() = default;
   bool hasten_checkpointable() const noexcept override { return detail::checkpointable_v<R, A...>; }
   R forward(A... args) {
-    if (const auto& device = this->hasten_device())
-      return hasten_forward(detail::on_device<A>(std::forward<A>(args), *device)...);
+    if constexpr (!std::is_reference_v<R>)
+      if (const auto& device = this->hasten_device())
+        return hasten_forward(detail::on_device<A>(std::forward<A>(args), *device)...);
     return hasten_forward(std::forward<A>(args)...);
   }
 

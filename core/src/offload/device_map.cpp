@@ -210,6 +210,10 @@ void load_checkpoint_and_dispatch(torch::nn::Module& model, const std::string& c
     const std::string* outer = outer_unit_of(module == "" ? name : module);
     if (device.kind == MapDevice::kGpu) {
       to.device = device.device();
+      if (outer != nullptr && runs_on.at(*outer) != to.device)
+        throw UsageError(std::string(who) + ": '" + module + "' is mapped to " + map[*entry].device + " inside the unit '" +
+                         *outer + "', which runs on " + runs_on.at(*outer).str() +
+                         ": a module inside a unit runs where the unit runs (map the unit there instead)");
     } else if (device.kind == MapDevice::kDisk) {
       to.stream = module;
       to.from_disk = true;

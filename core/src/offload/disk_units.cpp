@@ -66,10 +66,13 @@ void UnitStream::read_in() {
                      "forward under torch::NoGradGuard (its weights are dropped before a backward could use them)");
   torch::NoGradGuard no_grad;
   try {
+    bool from_disk = false;
     for (auto& s : slots_) {
+      from_disk = from_disk || !s.host.defined();
       torch::Tensor values = s.host.defined() ? s.host : read_stored(s.stored, s.tensor.scalar_type(), s.name);
       s.tensor.set_data(values.to(device_));
     }
+    if (from_disk && !device_.is_cpu()) release_freed_memory();  // the values read, copied to the GPU
   } catch (...) {
     drop();  // the slots read so far are not left loaded
     throw;
@@ -79,7 +82,7 @@ void UnitStream::read_in() {
 void UnitStream::drop() {
   torch::NoGradGuard no_grad;
   for (auto& s : slots_) s.tensor.set_data(torch::empty({0}, s.tensor.options().device(device_)));
-  release_freed_memory();
+  if (device_.is_cpu()) release_freed_memory();  // on a GPU, the caching allocator keeps its blocks
 }
 
 void release_freed_memory() {

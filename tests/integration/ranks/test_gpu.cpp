@@ -512,6 +512,20 @@ TEST(GpuBigModeling, UnitsRunOnTheirGpusOffloadedAndDiskUnitsOnTheFirst) {
   const std::string e = hasten::test::error_of(
       [&] { hasten::load_checkpoint_and_dispatch(*other, file, {{"", "cuda:" + std::to_string(visible_gpus())}}); });
   EXPECT_NE(e.find("this machine has " + std::to_string(visible_gpus())), std::string::npos) << e;
+  if (visible_gpus() > 1) {  // a module inside a unit runs where the unit runs
+    struct NestedImpl : torch::nn::Module {
+      NestedImpl() { u = register_module("u", hasten::Unit<torch::nn::Sequential>(torch::nn::Linear(4, 4), torch::nn::Linear(4, 4))); }
+      hasten::Unit<torch::nn::Sequential> u{nullptr};
+    };
+    auto nested = std::make_shared<NestedImpl>();
+    hasten::NamedTensors weights;
+    for (auto& p : nested->named_parameters()) weights.emplace_back(p.key(), p.value().detach());
+    const std::string nested_file = (dir.path() / "nested.safetensors").string();
+    hasten::save_safetensors(nested_file, weights);
+    const std::string inside = hasten::test::error_of(
+        [&] { hasten::load_checkpoint_and_dispatch(*nested, nested_file, {{"", "cuda:0"}, {"u.1", "cuda:1"}}); });
+    EXPECT_NE(inside.find("'u.1' is mapped to cuda:1 inside the unit 'u', which runs on cuda:0"), std::string::npos) << inside;
+  }
   hasten::Accelerator acc(isolated());
   const std::string prepared = hasten::test::error_of([&] { auto pm = acc.prepare(big); });
   EXPECT_NE(prepared.find("dispatched by a device map"), std::string::npos) << prepared;
