@@ -1,5 +1,6 @@
-"""Mutated copies of a real plugin library (bytes flipped in the ELF header, the program headers
-and the dynamic section, files cut short at random points) through `hasten plugins inspect`:
+"""Mutated copies of a real plugin library, as GNU ld and as lld lay it out (bytes flipped in the
+ELF header, the program headers and the dynamic section, files cut short at random points)
+through `hasten plugins inspect`:
 each file ends in the valid line or one clear error line naming it, and no run dies of a signal.
 `make fuzz` runs it longer: HASTEN_TEST_FUZZ_SEED and HASTEN_TEST_FUZZ_SECONDS (then it keeps
 making batches until the time is spent); a failure names the seed and the file."""
@@ -14,21 +15,33 @@ import harness as h
 seed = int(os.environ.get("HASTEN_TEST_FUZZ_SEED", "11"))
 budget_s = float(os.environ.get("HASTEN_TEST_FUZZ_SECONDS", "0"))
 rng = random.Random(seed)
-source = os.path.join(os.path.dirname(h.BIN), "lib", "hasten", "plugins", "libhasten-tracker-csv.so")
-data = open(source, "rb").read()
-phoff, = struct.unpack_from("<Q", data, 0x20)
-phnum, = struct.unpack_from("<H", data, 0x38)
-dynamic = None
-for i in range(phnum):
-    p_type, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", data, phoff + 56 * i)
-    if p_type == 2:  # PT_DYNAMIC
-        dynamic = (p_offset, p_offset + p_filesz)
-if dynamic is None:
-    h.fail(f"{source} has no PT_DYNAMIC")
-regions = {"ELF header": (0, 64), "program headers": (phoff, phoff + 56 * phnum), "dynamic section": dynamic}
+plugin_dir = os.path.join(os.path.dirname(h.BIN), "lib", "hasten", "plugins")
+# The csv tracker as the build links plugins (GNU ld), and, where the build has lld, linked by
+# lld (tests/plugins/fuzz_lld): the two place tables differently. Batches alternate.
+sources = [os.path.join(plugin_dir, "libhasten-tracker-csv.so")]
+lld_copy = os.path.join(os.path.dirname(h.BIN), "tests", "plugins", "fuzz_lld", "libhasten-tracker-csv.so")
+if os.path.exists(lld_copy):
+    sources.append(lld_copy)
 
 
-def mutant():
+def layout(source):
+    data = open(source, "rb").read()
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phnum, = struct.unpack_from("<H", data, 0x38)
+    dynamic = None
+    for i in range(phnum):
+        p_type, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", data, phoff + 56 * i)
+        if p_type == 2:  # PT_DYNAMIC
+            dynamic = (p_offset, p_offset + p_filesz)
+    if dynamic is None:
+        h.fail(f"{source} has no PT_DYNAMIC")
+    return data, {"ELF header": (0, 64), "program headers": (phoff, phoff + 56 * phnum), "dynamic section": dynamic}
+
+
+layouts = [layout(source) for source in sources]
+
+
+def mutant(data, regions):
     kind = rng.choice(["truncate", "ELF header", "program headers", "dynamic section"])
     if kind == "truncate":
         cut = rng.randrange(0, len(data))
@@ -75,9 +88,11 @@ total = valid = 0
 reasons = {}
 with tempfile.TemporaryDirectory() as d:
     while True:
+        source = sources[(total // 100) % len(sources)]
         batch = []
         for i in range(100):
-            how, content = mutant()
+            how, content = mutant(*layouts[(total // 100) % len(sources)])
+            how = f"{how} in {os.path.relpath(source, os.path.dirname(h.BIN))}"
             name = f"libhasten-tracker-m{total + i}.so"
             with open(os.path.join(d, name), "wb") as f:
                 f.write(content)
@@ -87,7 +102,7 @@ with tempfile.TemporaryDirectory() as d:
         total += len(batch)
         for name, _ in batch:
             os.remove(os.path.join(d, name))
-        if total >= 300 and time.monotonic() - start >= budget_s:
+        if total >= 200 * len(sources) and time.monotonic() - start >= budget_s:
             break
-print(f"ok: seed {seed}: {total} mutated plugin files, {valid} still valid, {total - valid} refused in one line "
+print(f"ok: seed {seed}: {total} mutated plugin files of {len(sources)} layouts, {valid} still valid, {total - valid} refused in one line "
       f"each, no signal")

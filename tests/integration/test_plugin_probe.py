@@ -1,5 +1,6 @@
 """Damaged and hostile plugin files (issue 11, item 3): a truncated library, a corrupted ELF
-header, a constructor that aborts, an entry function that segfaults or never returns, a garbage
+header, a read-only-after-relocation range or a constructor array reaching past the library, a
+constructor that aborts, an entry function that segfaults or never returns, a garbage
 descriptor. Each is probed in a child process: a program that does not select it runs and warns
 in one line, selecting it is one error line, `hasten plugins inspect` gives one line and no
 signal. The probe cache spares later starts the probe until the file changes."""
@@ -49,12 +50,43 @@ with tempfile.TemporaryDirectory() as tmp:
     bad_header[0x20:0x28] = (0x7FFFFFF0).to_bytes(8, "little")  # e_phoff far past the end
     with open(corrupted, "wb") as f:
         f.write(bad_header)
+    # A read-only-after-relocation range (PT_GNU_RELRO) that reaches past the library: the
+    # loader would make other memory of the process read-only (found by the fuzz pass).
+    relro = os.path.join(plugins, "libhasten-strategy-relro.so")
+    bad_relro = bytearray(data)
+    phoff = int.from_bytes(data[0x20:0x28], "little")
+    phnum = int.from_bytes(data[0x38:0x3A], "little")
+    relro_headers = [i for i in range(phnum)
+                     if int.from_bytes(data[phoff + 56 * i:phoff + 56 * i + 4], "little") == 0x6474E552]
+    if len(relro_headers) != 1:
+        h.fail(f"{valid_lib}: expected one PT_GNU_RELRO program header, found {len(relro_headers)}")
+    memsz_at = phoff + 56 * relro_headers[0] + 40
+    memsz = int.from_bytes(data[memsz_at:memsz_at + 8], "little")
+    bad_relro[memsz_at:memsz_at + 8] = (memsz + (1 << 60)).to_bytes(8, "little")
+    with open(relro, "wb") as f:
+        f.write(bad_relro)
+    # A constructor array that reaches past the library: the loader would call whatever follows.
+    init_array = os.path.join(plugins, "libhasten-strategy-init_array.so")
+    bad_init = bytearray(data)
+    dynamic = [int.from_bytes(data[phoff + 56 * i + 8:phoff + 56 * i + 16], "little") for i in range(phnum)
+               if int.from_bytes(data[phoff + 56 * i:phoff + 56 * i + 4], "little") == 2]  # PT_DYNAMIC's offset
+    sizes = [dynamic[0] + 16 * k for k in range(512)
+             if int.from_bytes(data[dynamic[0] + 16 * k:dynamic[0] + 16 * k + 8], "little") == 27]  # DT_INIT_ARRAYSZ
+    if len(sizes) != 1:
+        h.fail(f"{valid_lib}: expected one DT_INIT_ARRAYSZ, found {len(sizes)}")
+    bad_init[sizes[0] + 8:sizes[0] + 16] = (1 << 40).to_bytes(8, "little")
+    with open(init_array, "wb") as f:
+        f.write(bad_init)
     for name in ("crash_constructor", "crash_entry", "hanging_entry", "garbage_descriptor"):
         shutil.copy(os.path.join(unsafe_dir, f"libhasten-strategy-{name}.so"), os.path.dirname(where(name)))
 
     expected = {  # file stem -> what its line must say
         "truncated": "not a loadable library: truncated: ",
         "corrupted": "not a loadable library: corrupted ELF header: program headers start at byte",
+        "relro": f"not a loadable library: corrupted ELF header: program header {relro_headers[0]} (the range made "
+                 "read-only after relocation) reaches outside the loadable segments (it covers",
+        "init_array": "not a loadable library: corrupted dynamic section: DT_INIT_ARRAY (the constructors) covers "
+                      "1099511627776 bytes from address",
         "crash_constructor": "aborted with signal 6 (SIGABRT) while being loaded",
         "crash_entry": "crashed with signal 11 (SIGSEGV) while running its entry function",
         "hanging_entry": "timed out after 1 s while running its entry function",

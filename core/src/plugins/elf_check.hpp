@@ -8,7 +8,8 @@
 namespace hasten::detail {
 
 // Why `file` cannot be a shared library for this host, or "" when its ELF header, program
-// headers and section header table are consistent with the file's size and this machine.
+// headers and section header table are consistent with the file's size and this machine, and
+// what the loader follows (ranges, tables, relocation targets) lies inside the library.
 std::string elf_problem(const std::string& file);
 
 }  // namespace hasten::detail
