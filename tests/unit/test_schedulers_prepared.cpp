@@ -37,15 +37,16 @@ Options isolated(const fs::path& project) {
   return o;
 }
 
-// One prepared run: a linear layer, SGD with two groups, a cosine schedule, accumulation 2.
-struct PreparedRun {
-  static constexpr int64_t kWarmup = 2, kTotal = 9;
-  explicit PreparedRun(const fs::path& project)
-      : acc(isolated(project)), sched(S::cosine_with_warmup(*t.opt, kWarmup, kTotal)) {
+// A linear layer, an optimizer of two groups and `Scheduler` on it, prepared by an Accelerator;
+// micro_batch() is one micro-batch of the user's loop (its scheduler step may throw).
+template <class Scheduler>
+struct Prepared {
+  Prepared(Options options, const std::string& optimizer, const std::function<Scheduler(torch::optim::Optimizer&)>& schedule)
+      : acc(std::move(options)), t(optimizer), sched(schedule(*t.opt)) {
     auto [m, o, s] = acc.prepare(t.net, *t.opt, sched);
     model = std::make_unique<hasten::PreparedModel<torch::nn::Linear>>(m);
     opt = std::make_unique<hasten::PreparedOptimizer>(o);
-    prepared = std::make_unique<hasten::PreparedScheduler<S::LambdaLR>>(s);
+    prepared = std::make_unique<hasten::PreparedScheduler<Scheduler>>(s);
   }
   void micro_batch() {
     auto scope = acc.accumulate(*model);
@@ -54,14 +55,21 @@ struct PreparedRun {
     prepared->step();
     opt->zero_grad();
   }
-  static double factor(int64_t k) { return ref::cosine(k, kWarmup, kTotal, 0.5); }
 
   Accelerator acc;
   TwoGroups t;
-  S::LambdaLR sched;
+  Scheduler sched;
   std::unique_ptr<hasten::PreparedModel<torch::nn::Linear>> model;
   std::unique_ptr<hasten::PreparedOptimizer> opt;
-  std::unique_ptr<hasten::PreparedScheduler<S::LambdaLR>> prepared;
+  std::unique_ptr<hasten::PreparedScheduler<Scheduler>> prepared;
+};
+
+// SGD with two groups, a cosine schedule, accumulation 2.
+struct PreparedRun : Prepared<S::LambdaLR> {
+  static constexpr int64_t kWarmup = 2, kTotal = 9;
+  explicit PreparedRun(const fs::path& project)
+      : Prepared(isolated(project), "sgd", [](auto& o) { return S::cosine_with_warmup(o, kWarmup, kTotal); }) {}
+  static double factor(int64_t k) { return ref::cosine(k, kWarmup, kTotal, 0.5); }
 };
 
 }  // namespace
@@ -110,14 +118,10 @@ namespace {
 // One process, accumulation 2, a OneCycleLR of total_steps 4 whose prepared step() is called
 // on every micro-batch (Accelerate's loop). Returns last_step() after each of `micro` micro-
 // batches, stopping at the first error (its message in *error).
-struct OneCycleRun {
-  explicit OneCycleRun(const fs::path& project, std::optional<bool> per_process, std::optional<bool> adjust)
-      : acc(options(project, per_process, adjust)), sched(*t.opt, std::vector<double>{kLrA, kLrB}, 4) {
-    auto [m, o, s] = acc.prepare(t.net, *t.opt, sched);
-    model = std::make_unique<hasten::PreparedModel<torch::nn::Linear>>(m);
-    opt = std::make_unique<hasten::PreparedOptimizer>(o);
-    prepared = std::make_unique<hasten::PreparedScheduler<S::OneCycleLR>>(s);
-  }
+struct OneCycleRun : Prepared<S::OneCycleLR> {
+  OneCycleRun(const fs::path& project, std::optional<bool> per_process, std::optional<bool> adjust)
+      : Prepared(options(project, per_process, adjust), "adamw",
+                 [](auto& o) { return S::OneCycleLR(o, std::vector<double>{kLrA, kLrB}, 4); }) {}
   static Options options(const fs::path& project, std::optional<bool> per_process, std::optional<bool> adjust) {
     Options o = isolated(project);
     o.scheduler_steps_per_process = per_process;
@@ -127,29 +131,18 @@ struct OneCycleRun {
   std::vector<int64_t> run(int micro, std::string* error = nullptr) {
     std::vector<int64_t> steps;
     for (int n = 0; n < micro; ++n) {
-      auto scope = acc.accumulate(*model);
-      acc.backward((*model)(torch::ones({3, 4})).pow(2).sum());
-      opt->step();
       try {
-        prepared->step();
+        micro_batch();
       } catch (const hasten::Error& e) {
         if (error) *error = e.what();
         break;
       }
-      opt->zero_grad();
       steps.push_back(sched.last_step());
       // The lrs are the schedule's at that step (a bound stops it, it does not skew it).
       EXPECT_DOUBLE_EQ(t.lrs()[0], (ref::OneCycleRef{kLrA, 4}.at(sched.last_step()).first));
     }
     return steps;
   }
-
-  Accelerator acc;
-  TwoGroups t{"adamw"};
-  S::OneCycleLR sched;
-  std::unique_ptr<hasten::PreparedModel<torch::nn::Linear>> model;
-  std::unique_ptr<hasten::PreparedOptimizer> opt;
-  std::unique_ptr<hasten::PreparedScheduler<S::OneCycleLR>> prepared;
 };
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <unordered_set>
 
 #include "formats/file_records.hpp"
+#include "formats/tensor_bytes.hpp"
 
 // Tensor bytes go between files and storages unchanged, which is the format's little-endian
 // order only on a little-endian host.
@@ -414,31 +415,42 @@ NamedTensors load_safetensors(const std::string& path) {
   const InputFile file(path);
   const SafetensorsHeader header = read_header(file, path);
   const std::string where = "safetensors: '" + path + "': ";
+  const detail::ReadAt read = [&file](void* dst, uint64_t n, uint64_t offset) { return file.read_at(dst, n, offset); };
   NamedTensors out;
   out.reserve(header.tensors.size());
-  for (const SafetensorsEntry& e : header.tensors) {
-    torch::Tensor t;
-    try {
-      t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
-    } catch (const c10::Error& err) {
-      throw Error(where + "cannot allocate tensor " + quote(e.name) + " (" + std::to_string(e.end - e.begin) +
-                  " bytes): " + err.what_without_backtrace());
-    }
-    // Straight into the tensor's storage: no buffer of the file's bytes besides.
-    const uint64_t bytes = e.end - e.begin;
-    if (bytes > 0 && !file.read_at(t.data_ptr(), bytes, header.data_start + e.begin))
-      throw Error(where + "the file ended while tensor " + quote(e.name) + " was read (did it change meanwhile?)");
-    if (e.dtype == torch::kBool) {
-      // Any other byte would be a C++ bool with an undefined value.
-      const auto* b = static_cast<const uint8_t*>(t.data_ptr());
-      const auto* bad = std::find_if(b, b + bytes, [](uint8_t v) { return v > 1; });
-      if (bad != b + bytes)
-        throw Error(where + "tensor " + quote(e.name) + " is BOOL but holds the byte " + std::to_string(*bad) +
-                    " at element " + std::to_string(bad - b) + "; BOOL bytes are 0 or 1");
-    }
-    out.emplace_back(e.name, std::move(t));
-  }
+  for (const SafetensorsEntry& e : header.tensors)
+    out.emplace_back(e.name, detail::read_tensor_bytes(read, e.dtype, e.shape, header.data_start + e.begin,
+                                                       e.end - e.begin, where, e.name));
   return out;
 }
+
+namespace detail {
+
+torch::Tensor read_tensor_bytes(const ReadAt& read, torch::ScalarType dtype, const std::vector<int64_t>& shape,
+                                uint64_t offset, uint64_t bytes, const std::string& where, const std::string& name) {
+  torch::Tensor t;
+  try {
+    t = torch::empty(shape, torch::TensorOptions().dtype(dtype));
+  } catch (const c10::Error& err) {
+    throw Error(where + "cannot allocate tensor " + quote(name) + " (" + std::to_string(bytes) +
+                " bytes): " + err.what_without_backtrace());
+  }
+  if (static_cast<uint64_t>(t.numel()) * t.element_size() != bytes)
+    throw Error(where + "tensor " + quote(name) + ": " + std::to_string(bytes) + " bytes do not hold its shape " +
+                shape_text(shape));
+  if (bytes > 0 && !read(t.data_ptr(), bytes, offset))
+    throw Error(where + "the file ended while tensor " + quote(name) + " was read (did it change meanwhile?)");
+  if (dtype == torch::kBool) {
+    // Any other byte would be a C++ bool with an undefined value.
+    const auto* b = static_cast<const uint8_t*>(t.data_ptr());
+    const auto* bad = std::find_if(b, b + bytes, [](uint8_t v) { return v > 1; });
+    if (bad != b + bytes)
+      throw Error(where + "tensor " + quote(name) + " is BOOL but holds the byte " + std::to_string(*bad) +
+                  " at element " + std::to_string(bad - b) + "; BOOL bytes are 0 or 1");
+  }
+  return t;
+}
+
+}  // namespace detail
 
 }  // namespace hasten

@@ -15,6 +15,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "formats/tensor_bytes.hpp"
+
 namespace hasten::detail {
 
 WeightFile::WeightFile(std::filesystem::path path) : path_(std::move(path)) {
@@ -27,27 +29,20 @@ WeightFile::~WeightFile() {
 }
 
 torch::Tensor read_stored(const StoredTensor& stored, torch::ScalarType dtype, const std::string& name) {
-  const std::string where = "'" + name + "' in '" + stored.file->path().string() + "'";
-  torch::Tensor t;
-  try {
-    t = torch::empty(stored.shape, torch::TensorOptions().dtype(stored.dtype));
-  } catch (const c10::Error&) {
-    throw Error("cannot allocate " + std::to_string(stored.bytes) + " bytes for " + where + " (out of memory)");
-  }
-  if (static_cast<uint64_t>(t.numel()) * t.element_size() != stored.bytes)
-    throw Error(where + ": " + std::to_string(stored.bytes) + " bytes do not hold its shape");
-  auto* out = static_cast<char*>(t.data_ptr());
-  uint64_t done = 0;
-  while (done < stored.bytes) {
-    const ssize_t n =
-        ::pread(stored.file->fd(), out + done, stored.bytes - done, static_cast<off_t>(stored.offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw Error("cannot read " + where + ": " + (n < 0 ? std::strerror(errno) : "the file ends early"));
-    done += static_cast<uint64_t>(n);
-  }
-  // A bool byte other than 0 or 1 is undefined behaviour in C++ (load_safetensors refuses it too).
-  if (stored.dtype == torch::kBool && t.numel() > 0 && t.view(torch::kUInt8).gt(1).any().item<bool>())
-    throw Error(where + ": a BOOL tensor holds a byte other than 0 or 1");
+  const int fd = stored.file->fd();
+  const ReadAt read = [fd, &stored](void* dst, uint64_t n, uint64_t offset) {
+    auto* out = static_cast<char*>(dst);
+    for (uint64_t done = 0; done < n;) {
+      const ssize_t got = ::pread(fd, out + done, n - done, static_cast<off_t>(offset + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) throw Error("cannot read '" + stored.file->path().string() + "': " + std::strerror(errno));
+      if (got == 0) return false;
+      done += static_cast<uint64_t>(got);
+    }
+    return true;
+  };
+  torch::Tensor t = read_tensor_bytes(read, stored.dtype, stored.shape, stored.offset, stored.bytes,
+                                      "'" + stored.file->path().string() + "': ", name);
   return dtype == stored.dtype ? t : t.to(dtype);
 }
 
