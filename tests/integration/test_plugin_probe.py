@@ -185,3 +185,21 @@ with tempfile.TemporaryDirectory() as tmp:
     # A bad time limit is one error line naming the variable.
     p = h.run(h.hasten("plugins"), env={**env, "HASTEN_PLUGIN_PROBE_TIMEOUT_S": "soon"})
     h.check_clean_failure(p, "HASTEN_PLUGIN_PROBE_TIMEOUT_S=soon", expect="HASTEN_PLUGIN_PROBE_TIMEOUT_S='soon'")
+
+    # Real libraries of other linkers and layouts pass the ELF check (no false "corrupted"):
+    # glibc's (packed RELR relocations), libstdc++, LibTorch's wheel (rewritten by auditwheel)
+    # and the lld-linked copy of the csv tracker: each is a library that is no hasten plugin.
+    import glob
+    import sysconfig
+    real = [p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6") if os.path.exists(p)]
+    real += glob.glob(os.path.join(sysconfig.get_paths()["purelib"], "torch", "lib", "libc10.so"))
+    lld_copy = os.path.join(build, "tests", "plugins", "fuzz_lld", "libhasten-tracker-csv.so")
+    p = h.run(h.hasten("plugins", "inspect", *real, *([lld_copy] if os.path.exists(lld_copy) else [])), env=env)
+    no_signal(p, "inspect of real libraries")
+    for lib in real:
+        lines = [l for l in p.stderr.splitlines() if lib in l]
+        if len(lines) != 1 or "missing entry symbol" not in lines[0]:
+            h.fail(f"{lib}: expected one 'missing entry symbol' line, got {lines}")
+    if os.path.exists(lld_copy) and f"{lld_copy}: valid hasten plugin library" not in p.stdout:
+        h.fail(f"the lld-linked csv tracker was refused:\n{p.stderr}")
+    print(f"ok: {len(real)} real libraries and the lld copy pass the ELF check")

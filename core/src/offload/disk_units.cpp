@@ -30,12 +30,13 @@ WeightFile::~WeightFile() {
 
 torch::Tensor read_stored(const StoredTensor& stored, torch::ScalarType dtype, const std::string& name) {
   const int fd = stored.file->fd();
-  const ReadAt read = [fd, &stored](void* dst, uint64_t n, uint64_t offset) {
+  const ReadAt read = [fd, &stored, &name](void* dst, uint64_t n, uint64_t offset) {
     auto* out = static_cast<char*>(dst);
     for (uint64_t done = 0; done < n;) {
       const ssize_t got = ::pread(fd, out + done, n - done, static_cast<off_t>(offset + done));
       if (got < 0 && errno == EINTR) continue;
-      if (got < 0) throw Error("cannot read '" + stored.file->path().string() + "': " + std::strerror(errno));
+      if (got < 0)
+        throw Error("cannot read '" + name + "' from '" + stored.file->path().string() + "': " + std::strerror(errno));
       if (got == 0) return false;
       done += static_cast<uint64_t>(got);
     }

@@ -82,11 +82,13 @@ std::string dynamic_problem(int fd, const std::vector<Elf64_Phdr>& ph, uint64_t 
   // The loader reads the section at its address, up to DT_NULL.
   if (auto why = outside("the dynamic section (PT_DYNAMIC)", dyn->p_vaddr, sizeof(Elf64_Dyn)); !why.empty()) return why;
   std::map<int64_t, uint64_t> value;  // tag -> its value (the last one, as the loader keeps)
-  for (uint64_t at = dyn->p_vaddr;; at += sizeof(Elf64_Dyn)) {
+  constexpr int kMaxEntries = 1 << 16;  // real libraries have tens; a damaged file is not read to its end
+  for (uint64_t at = dyn->p_vaddr, n = 0;; at += sizeof(Elf64_Dyn), ++n) {
     Elf64_Dyn d{};
     const uint64_t offset = file_offset(ph, at, sizeof d);
-    if (offset == UINT64_MAX || value.size() > 4096 || !read_at(fd, &d, sizeof d, offset))
-      return "corrupted dynamic section: it has no end (DT_NULL) inside the library's file";
+    if (offset == UINT64_MAX || n == kMaxEntries || !read_at(fd, &d, sizeof d, offset))
+      return "corrupted dynamic section: it has no end (DT_NULL) within " + std::to_string(kMaxEntries) +
+             " entries inside the library's file";
     if (d.d_tag == DT_NULL) break;
     value[d.d_tag] = d.d_un.d_val;
   }
@@ -120,21 +122,33 @@ std::string dynamic_problem(int fd, const std::vector<Elf64_Phdr>& ph, uint64_t 
 
   // Every relocation's target. The tables lie in the library now; their entries are read from
   // the file (the loader reads them before it writes anything).
+  // A table's bytes, read from the file (bounded by it before anything is allocated); false when
+  // the file does not hold them.
   auto read_table = [&](int64_t at, int64_t size, std::vector<char>& out) {
+    out.clear();
+    if (get(size) == 0) return true;
+    const uint64_t offset = file_offset(ph, get(at), get(size));
+    if (offset == UINT64_MAX) return false;
     out.resize(get(size));
-    if (out.empty()) return true;
-    const uint64_t offset = file_offset(ph, get(at), out.size());
-    return offset != UINT64_MAX && read_at(fd, out.data(), out.size(), offset);
+    return read_at(fd, out.data(), out.size(), offset);
   };
   std::vector<char> raw;
-  auto check_relocations = [&](int64_t at, int64_t size, bool with_addend, const char* name) -> std::string {
-    if (!has(at) || !read_table(at, size, raw))
-      return has(at) ? std::string("corrupted dynamic section: ") + name + "'s entries are not in the file" : "";
+  // The loader applies the first DT_RELACOUNT (DT_RELCOUNT) entries as relative relocations
+  // whatever their type, the rest by type; a size that is not a whole number of entries still
+  // has its last, partial one applied, so it is refused.
+  auto check_relocations = [&](int64_t at, int64_t size, int64_t relative_count, bool with_addend,
+                               const char* name) -> std::string {
+    if (!has(at)) return "";
     const size_t entry = with_addend ? sizeof(Elf64_Rela) : sizeof(Elf64_Rel);
+    if (get(size) % entry != 0)
+      return std::string("corrupted dynamic section: ") + name + " holds " + bytes(get(size)) + ", not a whole number of " +
+             std::to_string(entry) + "-byte entries";
+    if (!read_table(at, size, raw)) return std::string("corrupted dynamic section: ") + name + "'s entries are not in the file";
+    const uint64_t relative = relative_count != 0 ? get(relative_count) : 0;
     for (size_t k = 0; k + entry <= raw.size(); k += entry) {
       Elf64_Rel r{};
       std::memcpy(&r, raw.data() + k, sizeof r);  // r_offset and r_info lead both layouts
-      if (ELF64_R_TYPE(r.r_info) == 0) continue;  // R_*_NONE writes nothing
+      if (k / entry >= relative && ELF64_R_TYPE(r.r_info) == 0) continue;  // R_*_NONE writes nothing
       if (auto why = outside(std::string("relocation ") + std::to_string(k / entry) + " of " + name + " (what it writes)",
                              r.r_offset, sizeof(uint64_t));
           !why.empty())
@@ -143,11 +157,14 @@ std::string dynamic_problem(int fd, const std::vector<Elf64_Phdr>& ph, uint64_t 
     return "";
   };
   const bool plt_rela = !has(DT_PLTREL) || get(DT_PLTREL) == DT_RELA;
-  for (auto why : {check_relocations(DT_RELA, DT_RELASZ, true, "DT_RELA"), check_relocations(DT_REL, DT_RELSZ, false, "DT_REL"),
-                   check_relocations(DT_JMPREL, DT_PLTRELSZ, plt_rela, "DT_JMPREL")})
+  for (auto why : {check_relocations(DT_RELA, DT_RELASZ, DT_RELACOUNT, true, "DT_RELA"),
+                   check_relocations(DT_REL, DT_RELSZ, DT_RELCOUNT, false, "DT_REL"),
+                   check_relocations(DT_JMPREL, DT_PLTRELSZ, 0, plt_rela, "DT_JMPREL")})
     if (!why.empty()) return why;
   // DT_RELR: an address, then bitmaps of the 63 words after it.
   if (has(DT_RELR)) {
+    if (get(DT_RELRSZ) % 8 != 0)
+      return "corrupted dynamic section: DT_RELR holds " + bytes(get(DT_RELRSZ)) + ", not a whole number of 8-byte entries";
     if (!read_table(DT_RELR, DT_RELRSZ, raw)) return "corrupted dynamic section: DT_RELR's entries are not in the file";
     uint64_t next = 0;
     for (size_t k = 0; k + 8 <= raw.size(); k += 8) {

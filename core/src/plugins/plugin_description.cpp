@@ -77,7 +77,7 @@ std::string read_description(const hasten_plugin_descriptor& d, PluginKind kind,
     opt.help = text_or_empty(o.help);
     const std::string what = opt.name.empty() ? at : "option '" + opt.name + "'";
     if (o.name != nullptr && !lower_word(opt.name))
-      return at + " has an invalid name '" + opt.name + "' (allowed: 1-64 characters of a-z, 0-9 and '_')";
+      return at + " has an invalid name '" + untrusted_text(o.name) + "' (allowed: 1-64 characters of a-z, 0-9 and '_')";
     if (o.name == nullptr && o.section_key == nullptr) return at + " has neither a name nor a section_key";
     if (!opt.name.empty() && !names.insert(opt.name).second) return "option '" + opt.name + "' is declared twice";
     if (o.type < HASTEN_OPTION_BOOL || o.type > HASTEN_OPTION_ANY)

@@ -128,7 +128,7 @@ std::unique_ptr<LoadedPlugin> validate_descriptor(const hasten_plugin_descriptor
   const auto kind = static_cast<PluginKind>(d.kind);
   if (!valid_name(d.name))
     return refuse(std::string(to_string(kind)) + "/?",
-                  at + " has an invalid name '" + str_or_empty(d.name) +
+                  at + " has an invalid name '" + untrusted_text(d.name) +
                       "' (allowed: 1-64 characters of a-z, 0-9, '_' and '-')");
   const std::string label = std::string(to_string(kind)) + "/" + d.name;
 
@@ -139,7 +139,7 @@ std::unique_ptr<LoadedPlugin> validate_descriptor(const hasten_plugin_descriptor
                              " plugins are torch tier and must declare the LibTorch build they "
                              "were compiled against (torch_fingerprint is NULL)");
   if (!fingerprint.empty() && fingerprint != detail::host_torch_fingerprint())
-    return refuse(label, "built against LibTorch '" + fingerprint +
+    return refuse(label, "built against LibTorch '" + untrusted_text(fingerprint.c_str(), 256) +
                              "', but this hasten was built against '" +
                              detail::host_torch_fingerprint() + "'; rebuild the plugin");
 
@@ -209,8 +209,7 @@ std::unique_ptr<LoadedPlugin> validate_descriptor(const hasten_plugin_descriptor
     if (p.struct_size < offsetof(hasten_preset, options_json) + sizeof(void*))
       return refuse(label, "preset " + std::to_string(i) + " has a too small struct_size");
     if (!valid_name(p.name))
-      return refuse(label, "preset " + std::to_string(i) + " has an invalid name '" +
-                               str_or_empty(p.name) + "'");
+      return refuse(label, "preset " + std::to_string(i) + " has an invalid name '" + untrusted_text(p.name) + "'");
     const std::string options = p.options_json ? p.options_json : "{}";
     auto parsed = nlohmann::json::parse(options, nullptr, false);
     if (parsed.is_discarded() || !parsed.is_object())

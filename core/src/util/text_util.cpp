@@ -63,4 +63,16 @@ std::string seconds_text(int64_t ms) {
   return buf;
 }
 
+std::string untrusted_text(const char* s, size_t limit) {
+  std::string out;
+  if (s == nullptr) return out;
+  size_t n = 0;
+  for (; s[n] != '\0' && n < limit; ++n) {
+    const auto c = static_cast<unsigned char>(s[n]);
+    out.push_back(c < 0x20 || c >= 0x7f ? '?' : static_cast<char>(c));
+  }
+  if (s[n] != '\0') out += "...";
+  return out;
+}
+
 }  // namespace hasten::detail
