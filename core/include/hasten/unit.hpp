@@ -121,14 +121,27 @@ void outputs_of(T& value, std::vector<torch::Tensor>& out) {
   }
 }
 
-// forward's member pointer type, or void when forward is a template or overloaded.
+// forward's signature as a plain function type R(A...) (a const forward's too), or void when
+// forward is a template or overloaded.
+template <class M>
+struct plain_signature {
+  using type = void;
+};
+template <class R, class C, class... A>
+struct plain_signature<R (C::*)(A...)> {
+  using type = R(A...);
+};
+template <class R, class C, class... A>
+struct plain_signature<R (C::*)(A...) const> {
+  using type = R(A...);
+};
 template <class T, class = void>
 struct forward_signature {
   using type = void;
 };
 template <class T>
 struct forward_signature<T, std::void_t<decltype(&T::forward)>> {
-  using type = decltype(&T::forward);
+  using type = typename plain_signature<decltype(&T::forward)>::type;
 };
 
 }  // namespace detail
@@ -250,36 +263,10 @@ R checkpointed_forward(Unit& unit, Fn fn, A&&... args) {
 template <class Impl, class Signature = typename detail::forward_signature<Impl>::type>
 class UnitImpl;
 
-// forward with the module's exact signature (so AnyModule and Sequential accept units).
-template <class Impl, class R, class C, class... A>
-class UnitImpl<Impl, R (C::*)(A...)> : public Impl, public UnitBase {
- public:
-  using Impl::Impl;
-  UnitImpl() = default;
-  bool hasten_checkpointable() const noexcept override { return detail::checkpointable_v<R, A...>; }
-  R forward(A... args) {
-    if constexpr (!std::is_reference_v<R>)
-      if (const auto& device = this->hasten_device())
-        return hasten_forward(detail::on_device<A>(std::forward<A>(args), *device)...);
-    return hasten_forward(std::forward<A>(args)...);
-  }
-
- private:
-  R hasten_forward(A... args) {
-    if constexpr (detail::checkpointable_v<R, A...>)
-      if (this->hasten_checkpointed() && torch::GradMode::is_enabled())
-        return detail::checkpointed_forward<R>(
-            *this, [this](auto&&... a) -> R { return Impl::forward(std::forward<decltype(a)>(a)...); },
-            std::forward<A>(args)...);
-    return detail::unit_forward(*this, [&]() -> R { return Impl::forward(std::forward<A>(args)...); });
-  }
-
-  detail::UnitBuiltSignal hasten_built_{*this};
-};
-
-// A const forward.
-template <class Impl, class R, class C, class... A>
-class UnitImpl<Impl, R (C::*)(A...) const> : public Impl, public UnitBase {
+// forward with the module's exact signature, const or not (so AnyModule and Sequential accept
+// units).
+template <class Impl, class R, class... A>
+class UnitImpl<Impl, R(A...)> : public Impl, public UnitBase {
  public:
   using Impl::Impl;
   UnitImpl() = default;
