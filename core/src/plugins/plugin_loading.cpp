@@ -294,9 +294,7 @@ LoadOutcome load_library_in_process(const std::string& file, const Mark& mark) {
     }
     // The loader quotes names from the file; a damaged one must not break the line or the
     // terminal.
-    for (char& c : why)
-      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
-    return refuse("not a loadable library: " + why);
+    return refuse("not a loadable library: " + untrusted_text(why.c_str(), why.size()));
   }
   if (!lib.has(HASTEN_PLUGIN_ENTRY_V1_SYMBOL)) {
     for (int major = 9; major >= 2; --major) {
